@@ -1,0 +1,3 @@
+from meshlm.cli.main import main
+
+main()

@@ -1,0 +1,58 @@
+"""Loading a checkpoint for inference and inspection (model only, on one device)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from meshlm.checkpoint.manager import find_latest_valid, read_train_state, verify_checkpoint
+from meshlm.config.loader import load_config
+from meshlm.config.schema import JobConfig
+from meshlm.errors import CheckpointError
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, or the newest valid checkpoint of a run directory; verified either way."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint '{path}' does not exist; pass a run directory or a "
+                              "RUN_DIR/checkpoints/step-XXXXXXXX folder")
+    if (path / "manifest.json").exists() or path.name.startswith("step-"):
+        reason = verify_checkpoint(path)
+        if reason:
+            raise CheckpointError(f"checkpoint {path} is not usable: {reason}")
+        return path
+    for root in (path / "checkpoints", path):
+        found = find_latest_valid(root, warn=lambda msg: print(msg, flush=True))
+        if found is not None:
+            return found
+    raise CheckpointError(f"no valid checkpoint found under '{path}'")
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 over every model tensor in state-dict name order (sorted): name, dtype, shape, then raw bytes."""
+    h = hashlib.sha256()
+    state = model.state_dict()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return h.hexdigest()
+
+
+def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, JobConfig,
+                                                                                           dict[str, Any], Path]:
+    """(model in eval mode, the job config it was trained with, its train state, the checkpoint folder)."""
+    from meshlm.checkpoint.manager import load_weights
+    from meshlm.models import build_model
+
+    ckpt = resolve_checkpoint(path)
+    cfg = load_config(ckpt / "config.toml")
+    model = build_model(cfg.model, torch.device(device))
+    load_weights(ckpt, model)
+    model.eval()
+    return model, cfg, read_train_state(ckpt), ckpt

@@ -1,0 +1,209 @@
+"""Checkpoints: DCP tensors + JSON train state + per-rank RNG, written atomically with a checksum manifest.
+
+Layout of ``RUN_DIR/checkpoints/step-00000100/``::
+
+    dcp/                 model and optimizer, torch.distributed.checkpoint format (resharding on load)
+    train_state.json     step, loader position, loss-scaler state, ... (global, written by rank 0)
+    rng/rank-00000.pt    each rank's RNG state (tensors only; loaded with weights_only=True)
+    config.toml          the resolved job config that produced it
+    tokenizer.json       the tokenizer the model was trained with
+    manifest.json        size and sha256 of every file above; written last
+
+Everything is written into ``step-XXXXXXXX.tmp/`` and renamed into place only after the manifest is complete, so a
+crash at any moment leaves either a complete, verifiable checkpoint or a ``.tmp`` folder that is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
+
+from meshlm.errors import CheckpointError
+
+FORMAT = "meshlm-checkpoint"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _is_dist():
+        dist.barrier()
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when ``path`` is a complete checkpoint whose files match its manifest, else the reason it is not."""
+    manifest_path = path / "manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        return "manifest.json is missing (incomplete save)"
+    except (OSError, ValueError) as exc:
+        return f"manifest.json is unreadable ({exc})"
+    if manifest.get("format") != FORMAT:
+        return "manifest.json is not a meshlm checkpoint manifest"
+    for rel, meta in manifest.get("files", {}).items():
+        file = path / rel
+        if not file.is_file():
+            return f"{rel} is missing"
+        if file.stat().st_size != meta["bytes"]:
+            return f"{rel} has {file.stat().st_size} bytes, manifest says {meta['bytes']} (truncated?)"
+        if sha256_file(file) != meta["sha256"]:
+            return f"{rel} fails its sha256 check (corrupted)"
+    return None
+
+
+def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """Finished checkpoint folders (valid or not), oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found)
+
+
+def find_latest_valid(ckpt_root: Path, warn: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint that passes verification; corrupted ones are reported and skipped."""
+    for step, path in reversed(list_checkpoints(ckpt_root)):
+        reason = verify_checkpoint(path)
+        if reason is None:
+            return path
+        warn(f"checkpoint {path} is not usable: {reason}; falling back to the previous one")
+    return None
+
+
+def read_train_state(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / "train_state.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path / 'train_state.json'}: {exc}") from None
+
+
+class CheckpointManager:
+    """Saves and restores the full training state under ``run_dir/checkpoints``."""
+
+    def __init__(self, run_dir: Path, keep_last: int, rank: int = 0) -> None:
+        self.root = Path(run_dir) / "checkpoints"
+        self.keep_last = keep_last
+        self.rank = rank
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any],
+             config_toml: str, extra_files: dict[str, Path] | None = None) -> Path:
+        """Collective when distributed: every rank calls it. ``extra_files`` (e.g. the tokenizer) are copied in
+        so the checkpoint is self-contained."""
+        final = self.root / step_dir_name(step)
+        tmp = self.root / (step_dir_name(step) + ".tmp")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that crashed
+            (tmp / "rng").mkdir(parents=True)
+        _barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist())
+        torch.save(_rng_state(), tmp / "rng" / f"rank-{self.rank:05d}.pt")
+        _barrier()
+        if self.rank == 0:
+            atomic_write_text(tmp / "train_state.json", json.dumps({**train_state, "step": step}, indent=1))
+            atomic_write_text(tmp / "config.toml", config_toml)
+            for name, src in (extra_files or {}).items():
+                shutil.copyfile(src, tmp / name)
+            self._write_manifest(tmp, step)
+            if final.exists():  # an older save of the same step (e.g. a re-run): replace it whole
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            self._prune()
+        _barrier()
+        return final
+
+    def _write_manifest(self, folder: Path, step: int) -> None:
+        files = {}
+        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+            rel = file.relative_to(folder).as_posix()
+            files[rel] = {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
+        manifest = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "files": files}
+        atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=1))
+
+    def _prune(self) -> None:
+        done = list_checkpoints(self.root)
+        for _, path in done[: max(len(done) - self.keep_last, 0)]:
+            shutil.rmtree(path, ignore_errors=True)
+        for stale in self.root.glob("step-*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        """Restore model (and optimizer, RNG) in place from ``path``; return its train state."""
+        load_weights(path, model, optimizer)
+        rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
+        if rng_file.is_file():  # absent when resuming on more ranks than saved: those ranks keep their seed
+            _set_rng_state(torch.load(rng_file, weights_only=True))
+        return read_train_state(path)
+
+
+def load_weights(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Load model (and optionally optimizer) tensors from a checkpoint's DCP folder, resharding as needed."""
+    state: dict[str, Any] = {}
+    if optimizer is not None:
+        state["model"], state["optimizer"] = get_state_dict(model, optimizer)
+    else:
+        state["model"] = get_model_state_dict(model)
+    try:
+        dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not _is_dist())
+    except Exception as exc:  # DCP reports missing keys / size mismatches as generic errors
+        raise CheckpointError(f"checkpoint {path} does not fit this model ({_first_line(exc)}); check that "
+                              "[model] matches the run that wrote it") from None
+    if optimizer is not None:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    else:
+        set_model_state_dict(model, state["model"])
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1][:300] if text else type(exc).__name__
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

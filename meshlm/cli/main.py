@@ -1,0 +1,48 @@
+"""``meshlm <command> [CONFIG.toml] [--set section.key=value ...]``.
+
+User mistakes (:class:`meshlm.errors.UserError`) print one line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from meshlm.errors import UserError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="a TOML job config (see configs/); defaults apply without one")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config key (repeatable), e.g. --set training.steps=10")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from meshlm.cli import bench, config_cmd, demo, generate, inspect, prepare, train
+
+    parser = argparse.ArgumentParser(prog="meshlm", description="Train, inspect and sample Llama-family models "
+                                     "on PyTorch's distributed engine.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (prepare, train, generate, inspect, config_cmd, bench, demo):
+        module.register(sub, _add_config_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.handler(args)
+    except UserError as exc:
+        print(f"meshlm {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        print(f"meshlm {args.command}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(code or 0)
+
+
+if __name__ == "__main__":
+    main()

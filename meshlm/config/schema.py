@@ -1,0 +1,142 @@
+"""The job config: one typed section per component. Each component receives only its own section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshlm.config.base import option
+from meshlm.errors import ConfigError
+from meshlm.models.config import ModelConfig
+
+
+@dataclass
+class DataConfig:
+    path: str = option("", "A folder written by `meshlm prepare`; empty means the embedded default corpus "
+                           "(prepared on first use into the cache folder).")
+    seq_len: int = option(128, "Tokens per training sequence (must not exceed model.max_seq_len).")
+    cache_dir: str = option("", "Where the embedded corpus is prepared; empty means $MESHLM_CACHE or "
+                                "~/.cache/meshlm.")
+    num_workers: int = option(2, "Worker processes used when preparing the embedded corpus.")
+
+    def validate(self) -> None:
+        if self.seq_len < 2:
+            raise ConfigError(f"data.seq_len must be at least 2, got {self.seq_len}")
+        if self.num_workers < 1:
+            raise ConfigError(f"data.num_workers must be at least 1, got {self.num_workers}")
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = option("adamw", "Optimizer.", choices=("adamw",))
+    lr: float = option(3e-3, "Peak learning rate.")
+    weight_decay: float = option(0.1, "Decoupled weight decay (not applied to norms and biases).")
+    beta1: float = option(0.9, "Adam beta1.")
+    beta2: float = option(0.95, "Adam beta2.")
+    eps: float = option(1e-8, "Adam epsilon.")
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optimizer.lr must be positive, got {self.lr}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ConfigError("optimizer.beta1 and optimizer.beta2 must be in [0, 1)")
+        if self.weight_decay < 0 or self.eps <= 0:
+            raise ConfigError("optimizer.weight_decay must be >= 0 and optimizer.eps > 0")
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = option("cosine", "Learning-rate schedule after warmup.", choices=("cosine", "wsd", "constant"))
+    warmup_steps: int = option(20, "Linear warmup steps from 0 to optimizer.lr.")
+    min_lr_ratio: float = option(0.1, "Final learning rate as a fraction of optimizer.lr.")
+    decay_fraction: float = option(0.2, "WSD: fraction of the steps spent in the final linear decay.")
+
+    def validate(self) -> None:
+        if self.warmup_steps < 0:
+            raise ConfigError(f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"schedule.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"schedule.decay_fraction must be in (0, 1], got {self.decay_fraction}")
+
+
+@dataclass
+class TrainingConfig:
+    steps: int = option(100, "Optimizer steps to train for.")
+    seed: int = option(0, "Seed for initialisation, data order and sampling.")
+    batch_size: int = option(8, "Global batch in sequences per optimizer step.")
+    micro_batch_size: int = option(0, "Sequences per forward/backward on each rank; 0 means the whole local "
+                                      "batch (no accumulation). batch_size / (micro_batch_size * data-parallel "
+                                      "ranks) micro-steps are accumulated.")
+    objective: str = option("pretrain", "Training objective.", choices=("pretrain",))
+    precision: str = option("fp32", "fp32; bf16 autocast; fp16 autocast with dynamic loss scaling.",
+                            choices=("fp32", "bf16", "fp16"))
+    max_grad_norm: float = option(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+    activation_checkpointing: str = option("none", "Recompute activations in backward.",
+                                           choices=("none", "selective", "full"))
+    compile: bool = option(False, "torch.compile each transformer block.")
+    eval_interval: int = option(50, "Evaluate held-out loss every N steps (and at the end); 0 disables.")
+    eval_batches: int = option(4, "Batches of held-out data per evaluation.")
+    device: str = option("auto", "auto picks cuda when available, else cpu.", choices=("auto", "cpu", "cuda"))
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"training.steps must be at least 1, got {self.steps}")
+        if self.batch_size < 1 or self.micro_batch_size < 0:
+            raise ConfigError("training.batch_size must be >= 1 and training.micro_batch_size >= 0")
+        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+            raise ConfigError(f"training.batch_size ({self.batch_size}) must be a multiple of "
+                              f"training.micro_batch_size ({self.micro_batch_size})")
+        if self.max_grad_norm < 0 or self.eval_interval < 0 or self.eval_batches < 1:
+            raise ConfigError("training.max_grad_norm and training.eval_interval must be >= 0, "
+                              "training.eval_batches >= 1")
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = option(50, "Save a checkpoint every N steps (and at the end); 0 saves only at the end.")
+    keep_last: int = option(3, "Keep the newest K checkpoints; older ones are deleted after a save succeeds.")
+    enabled: bool = option(True, "Write checkpoints at all.")
+
+    def validate(self) -> None:
+        if self.interval < 0 or self.keep_last < 1:
+            raise ConfigError("checkpoint.interval must be >= 0 and checkpoint.keep_last >= 1")
+
+
+@dataclass
+class MetricsConfig:
+    interval: int = option(10, "Log metrics every N steps.")
+    tensorboard: bool = option(True, "Also write TensorBoard events when the tensorboard package is installed.")
+    progress: str = option("auto", "auto: a rich progress bar on a terminal, plain log lines otherwise.",
+                           choices=("auto", "rich", "plain"))
+
+    def validate(self) -> None:
+        if self.interval < 1:
+            raise ConfigError(f"metrics.interval must be at least 1, got {self.interval}")
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def validate(self) -> None:
+        """Checks that span sections."""
+        if self.data.seq_len > self.model.max_seq_len:
+            raise ConfigError(f"data.seq_len ({self.data.seq_len}) is larger than the model's context "
+                              f"model.max_seq_len ({self.model.max_seq_len}); lower data.seq_len")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "schedule": ScheduleConfig,
+    "training": TrainingConfig,
+    "checkpoint": CheckpointConfig,
+    "metrics": MetricsConfig,
+}

@@ -1,0 +1,65 @@
+"""The model config: one decoder class, architectures differ by flags (Llama, Qwen2, Qwen3, Mistral)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshlm.config.base import option
+from meshlm.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    flavor: str = option("debug", "Named shape from the flavour registry; other [model] keys override it.")
+    dim: int = option(64, "Hidden size h.")
+    n_layers: int = option(4, "Number of transformer blocks.")
+    n_heads: int = option(4, "Attention (query) heads.")
+    n_kv_heads: int = option(2, "Key/value heads (grouped-query attention); must divide n_heads.")
+    head_dim: int = option(0, "Per-head size; 0 means dim // n_heads.")
+    ffn_hidden_dim: int = option(192, "SwiGLU inner size.")
+    vocab_size: int = option(2048, "Embedding rows; must be >= the tokenizer's vocabulary.")
+    max_seq_len: int = option(256, "Longest context the model is trained/sampled with.")
+    norm_eps: float = option(1e-5, "RMSNorm epsilon.")
+    rope_theta: float = option(10000.0, "RoPE base frequency.")
+    rope_scaling: str = option("none", "RoPE frequency scaling.", choices=("none", "llama3"))
+    rope_scaling_factor: float = option(8.0, "Llama-3 scaling: factor.")
+    rope_low_freq_factor: float = option(1.0, "Llama-3 scaling: low-frequency factor.")
+    rope_high_freq_factor: float = option(4.0, "Llama-3 scaling: high-frequency factor.")
+    rope_original_max_len: int = option(8192, "Llama-3 scaling: original context length.")
+    qkv_bias: bool = option(False, "Bias on the q/k/v projections (Qwen2).")
+    qk_norm: bool = option(False, "RMSNorm on each head's q and k before RoPE (Qwen3).")
+    tie_embeddings: bool = option(False, "Share the token embedding with the output head.")
+    init_std: float = option(0.02, "Std of the normal init; output projections are scaled by 1/sqrt(2*n_layers).")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
+
+    def validate(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.head_dim < 0:
+            raise ConfigError(f"model.head_dim must be 0 (derive) or positive, got {self.head_dim}")
+        if self.head_dim == 0 and self.dim % self.n_heads:
+            raise ConfigError(f"model.dim ({self.dim}) is not divisible by model.n_heads ({self.n_heads}); "
+                              "change one of them or set model.head_dim")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads "
+                              f"({self.n_kv_heads})")
+        if self.resolved_head_dim % 2:
+            raise ConfigError(f"head size {self.resolved_head_dim} must be even for rotary embeddings")
+        if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
+            raise ConfigError("model.norm_eps, model.rope_theta and model.init_std must be positive")
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Parameter count from the shapes (the model's own count must agree; a test checks it)."""
+        hd, h = self.resolved_head_dim, self.dim
+        q, kv = self.n_heads * hd, self.n_kv_heads * hd
+        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * hd if self.qk_norm else 0)
+        mlp = 3 * h * self.ffn_hidden_dim
+        per_layer = attn + mlp + 2 * h
+        emb = self.vocab_size * h
+        head = 0 if self.tie_embeddings else self.vocab_size * h
+        total = self.n_layers * per_layer + h + head + (emb if include_embedding else 0)
+        return total

@@ -1,0 +1,28 @@
+"""The objective interface."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+class Objective(Protocol):
+    """Turns a batch into a summed loss; the trainer normalises by the global count of loss tokens.
+
+    Returning a *sum* (not a mean) lets the trainer divide by the token count of the whole global batch, so
+    gradient accumulation and data parallelism give exactly the gradient of one big batch.
+    """
+
+    name: str
+
+    def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        """How many targets in ``batch`` contribute to the loss."""
+        ...
+
+    def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Sum of per-token losses over ``batch`` (fp32 scalar)."""
+        ...

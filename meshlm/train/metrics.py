@@ -1,0 +1,129 @@
+"""Per-step metrics: ``metrics.jsonl`` (the contract), TensorBoard when installed, and a terminal view."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from meshlm.checkpoint.manager import atomic_write_text
+from meshlm.config.schema import MetricsConfig
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def truncate_metrics(path: Path, after_step: int) -> None:
+    """Drop records past ``after_step`` (logged by a run that crashed before its next checkpoint)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= after_step:
+                kept.append(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def format_record(rec: dict[str, Any], total_steps: int) -> str:
+    parts = [f"step {rec['step']}/{total_steps}", f"loss {rec['loss']:.4f}"]
+    if "eval_loss" in rec:
+        parts.append(f"eval {rec['eval_loss']:.4f}")
+    parts += [f"lr {rec['lr']:.2e}", f"gnorm {rec['grad_norm']:.3f}", f"{rec['tokens_per_s']:,.0f} tok/s",
+              f"mfu {100 * rec['mfu']:.2f}%" if rec["mfu"] == rec["mfu"] else "mfu n/a"]
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step; only rank 0 writes."""
+
+    def __init__(self, run_dir: Path, cfg: MetricsConfig, total_steps: int, start_step: int, rank: int = 0) -> None:
+        self.enabled = rank == 0
+        self.total_steps = total_steps
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tb = None
+        self._progress = None
+        if not self.enabled:
+            return
+        truncate_metrics(self.path, start_step)
+        self._file = self.path.open("a", encoding="utf-8")
+        if cfg.tensorboard:
+            self._tb = _tensorboard_writer(Path(run_dir) / "tensorboard", purge_step=start_step + 1)
+        use_rich = cfg.progress == "rich" or (cfg.progress == "auto" and sys.stdout.isatty())
+        if use_rich:
+            self._progress = _RichProgress(total_steps, start_step)
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and value == value:
+                    self._tb.add_scalar(key, value, record["step"])
+        line = format_record(record, self.total_steps)
+        if self._progress is not None:
+            self._progress.update(record["step"], line)
+        else:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def advance(self, step: int) -> None:
+        if self._progress is not None:
+            self._progress.update(step, None)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _tensorboard_writer(log_dir: Path, purge_step: int):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+
+class _RichProgress:
+    def __init__(self, total: int, start: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             TextColumn("{task.fields[info]}"))
+        self.console = self._bar.console
+        self._task = self._bar.add_task("train", total=total, completed=start, info="")
+        self._bar.start()
+
+    def update(self, step: int, line: str | None) -> None:
+        if line is not None:
+            self._bar.update(self._task, completed=step, info=line.split(" | ", 1)[1])
+        else:
+            self._bar.update(self._task, completed=step)
+
+    def stop(self) -> None:
+        self._bar.stop()
