@@ -20,17 +20,22 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
 from meshlm.errors import CheckpointError
+
+# Single-process runs save/load without a process group on purpose; DCP warns about that on every call.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 FORMAT = "meshlm-checkpoint"
 FORMAT_VERSION = 1
@@ -182,7 +187,7 @@ def load_weights(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer 
         state["model"] = get_model_state_dict(model)
     try:
         dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not _is_dist())
-    except Exception as exc:  # DCP reports missing keys / size mismatches as generic errors
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         raise CheckpointError(f"checkpoint {path} does not fit this model ({_first_line(exc)}); check that "
                               "[model] matches the run that wrote it") from None
     if optimizer is not None:

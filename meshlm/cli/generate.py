@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"ids": ids, "text": tokenizer.decode(ids), "prompt_ids": prompt,
                               "generated_ids": new, "completion": tokenizer.decode(new)}))
         else:
-            print(tokenizer.decode(ids))
+            print(tokenizer.decode(ids, skip_special_tokens=True))
     return 0

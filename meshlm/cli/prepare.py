@@ -22,10 +22,11 @@ def register(sub, add_config_args) -> None:
 def run(args: argparse.Namespace) -> int:
     from meshlm.data import prepare_dataset
     from meshlm.errors import ConfigError
+    from meshlm.tokenizer import MIN_VOCAB_SIZE
 
-    if args.vocab_size < 300:
+    if args.vocab_size < MIN_VOCAB_SIZE:
         raise ConfigError(f"--vocab-size {args.vocab_size} is too small: byte-level BPE needs 256 byte tokens "
-                          "plus specials; use at least 300")
+                          f"plus the special tokens; use at least {MIN_VOCAB_SIZE}")
     if not 0 <= args.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.workers < 1:

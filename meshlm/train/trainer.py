@@ -136,7 +136,7 @@ class Trainer:
                 window_time += time.perf_counter() - start
                 window_tokens += record.pop("tokens")
                 window_steps += 1
-                if self._due(self.step, tc.eval_interval, last):
+                if self.eval_loader is not None and self._due(self.step, tc.eval_interval, last):
                     record["eval_loss"] = self.evaluate()
                 if self._due(self.step, mc.interval, last) or "eval_loss" in record:
                     logger.log(self._finish_record(record, window_tokens, window_steps, window_time))

@@ -1,0 +1,304 @@
+"""A Llama-family decoder in pure PyTorch: RMSNorm, RoPE, SwiGLU, grouped-query attention.
+
+One class covers Llama 2/3/3.1, Mistral, Qwen2 (``qkv_bias``) and Qwen3 (``qk_norm``); they differ only by
+:class:`~meshlm.models.config.ModelConfig` flags. The file has no collectives, no process groups and no
+environment reads: tensor, pipeline and data parallelism are applied from outside, keyed by the module names
+below (``wq wk wv wo``, ``w1 w2 w3``, ``layers.<i>``, ``tok_embeddings``, ``norm``, ``output``), which are
+also the names HF conversion maps. Build on the meta device and call :meth:`Transformer.init_weights`.
+
+Shape letters: B batch, T new tokens, S attended (cached + new) tokens, D model dim, H heads, Hkv kv heads,
+Dh head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshlm.errors import ConfigError
+from meshlm.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in fp32 and cast back (bf16 sums of squares lose too much)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+    def init_weights(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+# ---------------------------------------------------------------------------------------------------- RoPE
+# Layout: HF "rotate_half". Channel i of a head is paired with channel i + Dh/2 (first half with second half)
+# and the pair is rotated by angle pos * inv_freq[i]. Meta's original checkpoints pair adjacent channels
+# (2i, 2i+1) instead; HF's conversion script permutes wq/wk rows into this layout, so using it here means HF
+# checkpoints load with no permutation. Attention scores are identical in both layouts for matching weights.
+
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/Dh), i < Dh/2, with the Llama-3.1 scaling when configured. (Dh/2,) fp32."""
+    head_dim = cfg.resolved_head_dim
+    # fp32 like Meta's reference and HF, so that angles match the ones the published checkpoints saw.
+    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** exponents)  # (Dh/2,)
+    if cfg.rope_scaling == "llama3":
+        inv_freq = _llama3_scaling(inv_freq, cfg)
+    return inv_freq
+
+
+def _llama3_scaling(inv_freq: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between."""
+    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    if factor <= 0 or not high > low:
+        raise ConfigError("model.rope_scaling = 'llama3' needs rope_scaling_factor > 0 and "
+                          f"rope_high_freq_factor > rope_low_freq_factor (got {factor}, {high}, {low})")
+    old_len = cfg.rope_original_max_len
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - low) / (high - low)  # 0 at the low-frequency edge, 1 at the high one
+    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, smoothed)
+    return torch.where(wavelen < old_len / high, inv_freq, scaled)
+
+
+def precompute_rope(cfg: ModelConfig, seq_len: int,
+                    device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of pos * inv_freq for pos < seq_len, each (seq_len, Dh/2) fp32."""
+    inv_freq = rope_inv_freq(cfg, device)  # (Dh/2,)
+    positions = torch.arange(seq_len, device=device, dtype=torch.float32)  # (S,)
+    angles = torch.outer(positions, inv_freq)  # (S, Dh/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (x[i], x[i + Dh/2]) by the angles in cos/sin. x: (B, T, H, Dh); cos, sin: (T, Dh/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, H, Dh/2) each; rotated in fp32, cast back
+    cos, sin = cos[None, :, None, :].float(), sin[None, :, None, :].float()  # (1, T, 1, Dh/2)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (B, T, H, Dh)
+    return rotated.type_as(x)
+
+
+# ------------------------------------------------------------------------------------------------ KV cache
+class KVCache:
+    """Keys and values of one layer for incremental decoding, preallocated as (B, Hkv, max_len, Dh)."""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, Hkv, T, Dh) at positions start_pos.. and return everything up to them (B, Hkv, S, Dh)."""
+        end = start_pos + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; asked to write up to {end}")
+        self.k[:, :, start_pos:end] = k
+        self.v[:, :, start_pos:end] = v
+        keys, values = self.k[:, :, :end], self.v[:, :, :end]
+        if keys.dtype != k.dtype:  # e.g. an fp32 cache under bf16 autocast: sdpa wants one dtype
+            keys, values = keys.to(k.dtype), values.to(k.dtype)
+        return keys, values
+
+
+# --------------------------------------------------------------------------------------------------- blocks
+class Attention(nn.Module):
+    """Grouped-query self-attention with optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.head_dim = cfg.resolved_head_dim
+        q_size, kv_size = cfg.n_heads * self.head_dim, cfg.n_kv_heads * self.head_dim
+        self.wq = nn.Linear(cfg.dim, q_size, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, kv_size, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, kv_size, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(q_size, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        # Head counts come from the projections' outputs (-1), not from the config: tensor parallelism shards
+        # wq/wk/wv by output rows (whole heads), so each rank sees only its local heads. Inferring from the
+        # activation also works when the weights are DTensors, whose .shape is the global one.
+        q = self.wq(x).view(B, T, -1, self.head_dim)  # (B, T, H, Dh)
+        k = self.wk(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
+        v = self.wv(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
+        if cache is not None:
+            k, v = cache.update(start_pos, k, v)  # (B, Hkv, S, Dh), S = start_pos + T
+        out = _causal_attention(q, k, v)  # (B, H, T, Dh)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
+
+    def init_weights(self, init_std: float, out_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.normal_(linear.weight, mean=0.0, std=init_std)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        nn.init.normal_(self.wo.weight, mean=0.0, std=out_std)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.init_weights()
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dh)) v where query t (the last T of S positions) sees keys 0..S-T+t.
+
+    q: (B, H, T, Dh); k, v: (B, Hkv, S, Dh). Query head h reads kv head h // (H / Hkv), as HF's repeat_kv
+    and sdpa's enable_gqa do, so no repeated copy of k/v is materialised.
+    """
+    T, S = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if T == S:  # training or a prefill from position 0: the plain causal mask
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if T == 1:  # one decode step: the new token sees every cached position
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    # A chunk appended to a non-empty cache. sdpa's is_causal aligns the mask top-left, which would be
+    # wrong here, so build the bottom-right aligned one explicitly.
+    mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)  # (T, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 is the gate, w3 the up projection, w2 the down projection."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, F) inside, (B, T, D) out
+
+    def init_weights(self, init_std: float, out_std: float) -> None:
+        nn.init.normal_(self.w1.weight, mean=0.0, std=init_std)
+        nn.init.normal_(self.w3.weight, mean=0.0, std=init_std)
+        nn.init.normal_(self.w2.weight, mean=0.0, std=out_std)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: h = x + attn(norm(x)); out = h + ffn(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos)  # (B, T, D)
+        return h + self.feed_forward(self.ffn_norm(h))  # (B, T, D)
+
+    def init_weights(self, init_std: float, out_std: float) -> None:
+        self.attention_norm.init_weights()
+        self.ffn_norm.init_weights()
+        self.attention.init_weights(init_std, out_std)
+        self.feed_forward.init_weights(init_std, out_std)
+
+
+# ---------------------------------------------------------------------------------------------------- model
+class Transformer(nn.Module):
+    """The decoder. tok_embeddings, norm and output may be set to None by a pipeline splitter (see forward)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # A dict keyed "0".."L-1" keeps every layer's name (and so its checkpoint keys) stable after a
+        # pipeline split deletes the layers that live on other stages.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self._tie_weights()
+        # Non-persistent: derived from the config, so not in state_dict; init_weights recomputes them
+        # after to_empty(). Under `with torch.device("meta")` they are meta tensors and cost nothing.
+        cos, sin = precompute_rope(cfg, cfg.max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, Dh/2)
+        self.register_buffer("rope_sin", sin, persistent=False)  # (max_seq_len, Dh/2)
+
+    def _tie_weights(self) -> None:
+        if self.cfg.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def _apply(self, fn, recurse=True):
+        # Module._apply replaces each module's parameters by new objects when moving off the meta device
+        # (to_empty), which silently unties output.weight from tok_embeddings.weight; tie them again.
+        module = super()._apply(fn, recurse)
+        self._tie_weights()
+        return module
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
+        """Initialise every parameter in place (default torch RNG) and recompute the RoPE tables."""
+        cfg = self.cfg
+        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)  # global depth, even on a pipeline stage
+        self._tie_weights()
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=cfg.init_std)
+        for layer in self.layers.values():
+            layer.init_weights(cfg.init_std, out_std)
+        if self.norm is not None:
+            self.norm.init_weights()
+        if self.output is not None and not (cfg.tie_embeddings and self.tok_embeddings is not None):
+            nn.init.normal_(self.output.weight, mean=0.0, std=cfg.init_std)
+        device = buffer_device if buffer_device is not None else self.rope_cos.device
+        self.rope_cos, self.rope_sin = precompute_rope(cfg, cfg.max_seq_len, device)
+
+    def forward(self, tokens: torch.Tensor, *, cache: list[KVCache] | None = None,
+                start_pos: int = 0) -> torch.Tensor:
+        """tokens (B, T) ids -> logits (B, T, V).
+
+        On a pipeline stage without tok_embeddings the input is hidden states (B, T, D); without output the
+        result is hidden states. With a cache (one KVCache per layer of this module, in order) the tokens sit
+        at positions start_pos.., and their keys/values are appended to the cache.
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens  # (B, T, D)
+        T = h.shape[1]
+        if start_pos + T > self.rope_cos.shape[0]:
+            raise ValueError(f"positions up to {start_pos + T} exceed model.max_seq_len = {self.rope_cos.shape[0]}")
+        cos = self.rope_cos[start_pos:start_pos + T]  # (T, Dh/2)
+        sin = self.rope_sin[start_pos:start_pos + T]  # (T, Dh/2)
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache has {len(cache)} layers, model has {len(self.layers)}")
+        for i, layer in enumerate(self.layers.values()):
+            h = layer(h, cos, sin, cache[i] if cache is not None else None, start_pos)  # (B, T, D)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h  # (B, T, V) or (B, T, D)
+
+    def new_cache(self, batch_size: int, max_len: int, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None) -> list[KVCache]:
+        """One empty KVCache per layer of this module; device/dtype default to the model's."""
+        if max_len > self.cfg.max_seq_len:
+            raise ValueError(f"cache length {max_len} exceeds model.max_seq_len = {self.cfg.max_seq_len}")
+        param = next(self.parameters())
+        device = device if device is not None else param.device
+        dtype = dtype if dtype is not None else param.dtype
+        head_dim = self.cfg.resolved_head_dim
+        return [KVCache(batch_size, self.cfg.n_kv_heads, max_len, head_dim, device, dtype) for _ in self.layers]
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Unique parameters (a tied embedding counts once); equals cfg.num_params() for a whole model."""
+        emb = self.tok_embeddings.weight if self.tok_embeddings is not None else None
+        return sum(p.numel() for p in self.parameters() if include_embedding or p is not emb)

@@ -1,0 +1,160 @@
+"""Byte-level BPE tokenizer: trained with HF `tokenizers`, lossless on any UTF-8 string.
+
+Text is mapped to bytes and every byte to one of 256 base tokens (the GPT-2 byte alphabet), so no input is ever
+unknown and ``decode(encode(s)) == s`` for every string ``s`` that is valid Unicode. No prefix space is added
+and no normaliser runs, so leading spaces, ``"\\r\\n"``, control characters and combining marks come back
+unchanged.
+
+The seven special tokens take ids 0..6 in the order of :data:`SPECIAL_TOKENS`. They are added by the code that
+builds sequences (the data pipeline appends ``eos_id``, chat templates insert role markers), never by
+:meth:`MeshTokenizer.encode`: with ``encode_special_tokens`` switched on, a special-token string inside user
+text (``"<|assistant|>"``) is split into ordinary byte-level tokens, so user text cannot inject a role marker.
+That switch is a runtime setting that `tokenizers` does not save in ``tokenizer.json``; this class sets it on
+every construction path (``train``, ``load``, ``from_str``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from meshlm.errors import DataError
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|pad|>",
+    "<|bos|>",
+    "<|eos|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
+)
+NUM_BYTE_TOKENS = 256
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + NUM_BYTE_TOKENS
+MAX_VOCAB_SIZE = 2**32
+
+
+class MeshTokenizer:
+    """A byte-level BPE tokenizer with meshlm's special tokens; wraps a ``tokenizers.Tokenizer``."""
+
+    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>") -> None:
+        added = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+        missing = [s for s in SPECIAL_TOKENS if s not in added]
+        if missing:
+            raise DataError(
+                f"tokenizer {source} lacks the meshlm special tokens {missing}; "
+                "train one with `meshlm prepare` (omit --tokenizer) or pass a tokenizer.json written by meshlm"
+            )
+        # Special-token strings in text are encoded as plain text (see the module docstring).
+        tokenizer.encode_special_tokens = True
+        self._tok = tokenizer
+        self._special_ids = {s: tokenizer.token_to_id(s) for s in SPECIAL_TOKENS}
+        self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    # --- construction ---------------------------------------------------------------------------------------
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, *, show_progress: bool = False) -> MeshTokenizer:
+        """Train on ``texts``. ``vocab_size`` counts the special and byte tokens; a small corpus may stop short."""
+        if not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+            raise DataError(
+                f"vocab_size {vocab_size!r} is out of range; use an integer from {MIN_VOCAB_SIZE} "
+                f"({len(SPECIAL_TOKENS)} special + {NUM_BYTE_TOKENS} byte tokens) to {MAX_VOCAB_SIZE}"
+            )
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: nothing is ever unknown
+            show_progress=show_progress,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def from_str(cls, json_text: str, source: str = "<string>") -> MeshTokenizer:
+        try:
+            tok = Tokenizer.from_str(json_text)
+        except Exception as e:  # tokenizers raises plain Exception subclasses with Rust messages
+            raise DataError(f"tokenizer {source} is not a valid tokenizer.json ({e}); re-run `meshlm prepare`") from e
+        return cls(tok, source=source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> MeshTokenizer:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise DataError(f"tokenizer file {path} does not exist; pass the tokenizer.json of a prepared dataset")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"cannot read tokenizer file {path} ({e}); check the path and its permissions") from e
+        return cls.from_str(text, source=str(path))
+
+    def to_str(self) -> str:
+        return self._tok.to_str(pretty=True)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``tokenizer.json`` atomically: a temp file in the same folder, fsync, then ``os.replace``."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.to_str())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    # --- encoding -------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; adds no special tokens and never produces one from the text."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; special tokens are rendered as their strings unless ``skip_special_tokens``."""
+        ids = [int(i) for i in ids]
+        # tokenizers silently drops unknown ids; a wrong id is a bug upstream, so say so.
+        bad = [i for i in ids if not 0 <= i < self._vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})")
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # --- vocabulary -----------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def pad_id(self) -> int:
+        return self._special_ids["<|pad|>"]
+
+    @property
+    def bos_id(self) -> int:
+        return self._special_ids["<|bos|>"]
+
+    @property
+    def eos_id(self) -> int:
+        return self._special_ids["<|eos|>"]
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return dict(self._special_ids)
+
+    @property
+    def backend(self) -> Tokenizer:
+        """The wrapped ``tokenizers.Tokenizer`` (``encode_special_tokens`` is on)."""
+        return self._tok
+
+    def __repr__(self) -> str:
+        return f"MeshTokenizer(vocab_size={self._vocab_size})"
