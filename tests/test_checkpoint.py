@@ -22,12 +22,12 @@ def _toy(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
 def test_save_load_roundtrip_is_exact(tmp_path):
     model, opt = _toy(0)
     mgr = CheckpointManager(tmp_path, keep_last=2)
-    path = mgr.save(5, model, opt, {"tokens_seen": 10, "loader": {"x": 1}}, "[model]\n")
+    path = mgr.save(5, [model], [opt], {"tokens_seen": 10, "loader": {"x": 1}}, "[model]\n")
     assert path.name == "step-00000005" and verify_checkpoint(path) is None
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["files"]) >= {"train_state.json", "config.toml", "rng/rank-00000.pt"}
     other, other_opt = _toy(1)
-    state = mgr.load(path, other, other_opt)
+    state = mgr.load(path, [other], [other_opt])
     assert state["step"] == 5 and state["loader"] == {"x": 1}
     for a, b in zip(model.parameters(), other.parameters()):
         assert torch.equal(a, b)
@@ -38,8 +38,8 @@ def test_save_load_roundtrip_is_exact(tmp_path):
 def test_corruption_detected_and_skipped(tmp_path):
     model, opt = _toy(0)
     mgr = CheckpointManager(tmp_path, keep_last=3)
-    first = mgr.save(1, model, opt, {"tokens_seen": 0, "loader": {}}, "")
-    second = mgr.save(2, model, opt, {"tokens_seen": 0, "loader": {}}, "")
+    first = mgr.save(1, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
+    second = mgr.save(2, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
     shard = next((second / "dcp").glob("*.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -56,7 +56,7 @@ def test_incomplete_save_is_ignored_and_pruning_keeps_last(tmp_path):
     model, opt = _toy(0)
     mgr = CheckpointManager(tmp_path, keep_last=2)
     for step in (1, 2, 3):
-        mgr.save(step, model, opt, {"tokens_seen": 0, "loader": {}}, "")
+        mgr.save(step, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
     assert [s for s, _ in list_checkpoints(mgr.root)] == [2, 3]
     crashed = mgr.root / "step-00000004.tmp"
     crashed.mkdir()
@@ -70,7 +70,7 @@ def test_incomplete_save_is_ignored_and_pruning_keeps_last(tmp_path):
 def test_incompatible_model_is_a_clear_error(tmp_path):
     model, opt = _toy(0)
     mgr = CheckpointManager(tmp_path, keep_last=1)
-    path = mgr.save(1, model, opt, {"tokens_seen": 0, "loader": {}}, "")
+    path = mgr.save(1, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
     wrong = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
     with pytest.raises(CheckpointError, match="does not fit this model"):
-        mgr.load(path, wrong, torch.optim.AdamW(wrong.parameters()))
+        mgr.load(path, [wrong], [torch.optim.AdamW(wrong.parameters())])

@@ -49,7 +49,7 @@ def test_bitwise_resume(debug_dataset, tmp_path):
     resumed.train()
     assert resumed.step == 6
     assert weights_sha256(resumed.model) == weights_sha256(straight.model)
-    for (name, a), b in zip(straight.optimizer.state.items(), resumed.optimizer.state.values()):
+    for (name, a), b in zip(straight.optimizers[0].state.items(), resumed.optimizers[0].state.values()):
         assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
 
 
@@ -65,8 +65,8 @@ def test_gradient_accumulation_invariance(debug_dataset, tmp_path):
                    "checkpoint.enabled=false")
         trainer = _trainer(cfg, tmp_path / f"m{micro}")
         assert trainer.accum_steps == (1 if micro == 0 else 4)
-        trainer.optimizer.step = lambda: None  # keep the accumulated gradients for comparison
-        trainer.optimizer.zero_grad = lambda set_to_none=True: None
+        trainer.optimizers[0].step = lambda: None  # keep the accumulated gradients for comparison
+        trainer.optimizers[0].zero_grad = lambda set_to_none=True: None
         losses[micro] = trainer.train_step()["loss"]
         grads[micro] = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     # One 8-row matmul vs four 2-row ones sum in a different order: equal up to fp32 rounding (measured max
@@ -83,7 +83,7 @@ def test_activation_checkpointing_matches(debug_dataset, tmp_path, mode):
         cfg = _cfg(debug_dataset, f"training.activation_checkpointing={ac}", "checkpoint.enabled=false")
         trainer = _trainer(cfg, tmp_path / ac)
         batch = trainer.train_loader.next_batch()
-        trainer.forward_backward(batch, float(batch["labels"].numel()), 1.0)
+        trainer.forward_backward(batch, 1.0 / batch["labels"].numel())
         grads[ac] = {n.replace("._checkpoint_wrapped_module", ""): p.grad.clone()
                      for n, p in trainer.model.named_parameters()}
         keys[ac] = list(trainer.model.state_dict())

@@ -53,6 +53,6 @@ def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu") 
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt / "config.toml")
     model = build_model(cfg.model, torch.device(device))
-    load_weights(ckpt, model)
+    load_weights(ckpt, [model])
     model.eval()
     return model, cfg, read_train_state(ckpt), ckpt

@@ -2,7 +2,8 @@
 
 Layout of ``RUN_DIR/checkpoints/step-00000100/``::
 
-    dcp/                 model and optimizer, torch.distributed.checkpoint format (resharding on load)
+    dcp/                 model and optimizer, torch.distributed.checkpoint format, keyed by parameter name
+                         (the optimizer state flattened per parameter), so any layout loads any other's
     train_state.json     step, loader position, loss-scaler state, ... (global, written by rank 0)
     rng/rank-00000.pt    each rank's RNG state (tensors only; loaded with weights_only=True)
     config.toml          the resolved job config that produced it
@@ -29,8 +30,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from meshlm.errors import CheckpointError
 
@@ -127,8 +133,8 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.rank = rank
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any],
-             config_toml: str, extra_files: dict[str, Path] | None = None) -> Path:
+    def save(self, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
+             train_state: dict[str, Any], config_toml: str, extra_files: dict[str, Path] | None = None) -> Path:
         """Collective when distributed: every rank calls it. ``extra_files`` (e.g. the tokenizer) are copied in
         so the checkpoint is self-contained."""
         final = self.root / step_dir_name(step)
@@ -137,8 +143,9 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that crashed
             (tmp / "rng").mkdir(parents=True)
         _barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist())
+        state = _PartStates(parts, optimizers)
+        dcp.save({"model": state.model, "optimizer": state.optimizer}, checkpoint_id=str(tmp / "dcp"),
+                 no_dist=not _is_dist())
         torch.save(_rng_state(), tmp / "rng" / f"rank-{self.rank:05d}.pt")
         _barrier()
         if self.rank == 0:
@@ -169,31 +176,46 @@ class CheckpointManager:
         for stale in self.root.glob("step-*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
 
-    def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-        """Restore model (and optimizer, RNG) in place from ``path``; return its train state."""
-        load_weights(path, model, optimizer)
+    def load(self, path: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+        """Restore model parts, optimizers and RNG in place from ``path``; return its train state."""
+        load_weights(path, parts, optimizers)
         rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
         if rng_file.is_file():  # absent when resuming on more ranks than saved: those ranks keep their seed
             _set_rng_state(torch.load(rng_file, weights_only=True))
         return read_train_state(path)
 
 
-def load_weights(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Load model (and optionally optimizer) tensors from a checkpoint's DCP folder, resharding as needed."""
-    state: dict[str, Any] = {}
-    if optimizer is not None:
-        state["model"], state["optimizer"] = get_state_dict(model, optimizer)
-    else:
-        state["model"] = get_model_state_dict(model)
+_OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class _PartStates:
+    """Per-part state dicts plus their union (what DCP saves/loads: keys are parameter names, so any layout
+    can load what any other layout saved)."""
+
+    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None) -> None:
+        self.model_parts = [get_model_state_dict(part) for part in parts]
+        self.optim_parts = ([get_optimizer_state_dict(part, opt, options=_OPTIM_OPTIONS)
+                             for part, opt in zip(parts, optimizers)] if optimizers is not None else None)
+        self.model = {k: v for sd in self.model_parts for k, v in sd.items()}
+        self.optimizer = {k: v for sd in self.optim_parts for k, v in sd.items()} if self.optim_parts else None
+
+
+def load_weights(path: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None = None) -> None:
+    """Load model parts (and optionally their optimizers) from a checkpoint's DCP folder, resharding as needed."""
+    states = _PartStates(parts, optimizers)
+    target: dict[str, Any] = {"model": states.model}
+    if states.optimizer is not None:
+        target["optimizer"] = states.optimizer
     try:
-        dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not _is_dist())
+        dcp.load(target, checkpoint_id=str(path / "dcp"), no_dist=not _is_dist())
     except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         raise CheckpointError(f"checkpoint {path} does not fit this model ({_first_line(exc)}); check that "
                               "[model] matches the run that wrote it") from None
-    if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    else:
-        set_model_state_dict(model, state["model"])
+    # dcp.load filled the merged dicts' tensors in place; they are the same objects as the per-part ones.
+    for i, part in enumerate(parts):
+        set_model_state_dict(part, states.model_parts[i])
+        if states.optim_parts is not None:
+            set_optimizer_state_dict(part, optimizers[i], states.optim_parts[i], options=_OPTIM_OPTIONS)
 
 
 def _first_line(exc: Exception) -> str:

@@ -91,6 +91,43 @@ class TrainingConfig:
                               "training.eval_batches >= 1")
 
 
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
+
+
+@dataclass
+class ParallelConfig:
+    dp_replicate: int = option(1, "Data-parallel replicas (DDP when alone; HSDP's replica groups with dp_shard).")
+    dp_shard: int = option(-1, "Sharded data-parallel degree (FSDP2 / ZeRO-3); -1 = whatever the world size "
+                               "leaves after the other degrees.")
+    tp: int = option(1, "Tensor-parallel degree (Megatron-style column/row sharding, DTensor).")
+    pp: int = option(1, "Pipeline-parallel degree (torch.distributed.pipelining).")
+    pp_schedule: str = option("1f1b", "Pipeline schedule.", choices=PP_SCHEDULES)
+    stages_per_rank: int = option(0, "Pipeline stages (model chunks) per rank; 0 = 1 for gpipe/1f1b, 2 for the "
+                                     "interleaved and zero-bubble schedules.")
+    microbatches: int = option(0, "Pipeline micro-batches per local batch; 0 = pp.")
+    sequence_parallel: bool = option(True, "With tp > 1, shard norms/residuals along the sequence too.")
+    loss_parallel: bool = option(True, "With tp > 1, compute the cross-entropy on vocabulary-sharded logits.")
+    reshard_after_forward: str = option("default", "FSDP: free gathered params after forward (ZeRO-3, "
+                                        "'always'), keep them until backward (ZeRO-2-like, 'never'), or 'default' "
+                                        "(always, except never for the last block and under pipelining).",
+                                        choices=("default", "always", "never"))
+    timeout_s: int = option(300, "Collective / rendezvous timeout in seconds before a hung job fails.")
+
+    def validate(self) -> None:
+        for name in ("dp_replicate", "tp", "pp"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"parallel.{name} must be at least 1, got {getattr(self, name)}")
+        if self.dp_shard < 1 and self.dp_shard != -1:
+            raise ConfigError(f"parallel.dp_shard must be -1 (infer) or at least 1, got {self.dp_shard}")
+        if self.stages_per_rank < 0 or self.microbatches < 0 or self.timeout_s < 1:
+            raise ConfigError("parallel.stages_per_rank and parallel.microbatches must be >= 0, "
+                              "parallel.timeout_s >= 1")
+
+    @property
+    def num_stages_per_rank(self) -> int:
+        return self.stages_per_rank or (1 if self.pp_schedule in ("gpipe", "1f1b") else 2)
+
+
 @dataclass
 class CheckpointConfig:
     interval: int = option(50, "Save a checkpoint every N steps (and at the end); 0 saves only at the end.")
@@ -121,6 +158,7 @@ class JobConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
@@ -137,6 +175,7 @@ SECTIONS: dict[str, type] = {
     "optimizer": OptimizerConfig,
     "schedule": ScheduleConfig,
     "training": TrainingConfig,
+    "parallel": ParallelConfig,
     "checkpoint": CheckpointConfig,
     "metrics": MetricsConfig,
 }

@@ -273,8 +273,8 @@ class Transformer(nn.Module):
         result is hidden states. With a cache (one KVCache per layer of this module, in order) the tokens sit
         at positions start_pos.., and their keys/values are appended to the cache.
         """
+        T = tokens.shape[1]  # from the input: under sequence parallelism h holds only T / tp positions
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens  # (B, T, D)
-        T = h.shape[1]
         if start_pos + T > self.rope_cos.shape[0]:
             raise ValueError(f"positions up to {start_pos + T} exceed model.max_seq_len = {self.rope_cos.shape[0]}")
         cos = self.rope_cos[start_pos:start_pos + T]  # (T, Dh/2)

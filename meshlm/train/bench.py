@@ -8,8 +8,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from meshlm.config.schema import OptimizerConfig, TrainingConfig
-from meshlm.distributed.parallelize import parallelize_model
+from meshlm.config.schema import OptimizerConfig, ParallelConfig, TrainingConfig
+from meshlm.distributed.engine import Engine
 from meshlm.models import build_model, flavor_config
 from meshlm.models.config import ModelConfig
 from meshlm.objectives import NextTokenObjective
@@ -58,7 +58,9 @@ def bench_train(flavor: str, batch: int, seq: int, steps: int, *, warmup: int = 
     dev = torch.device(device)
     cfg = flavor_config(flavor)
     cfg.max_seq_len = max(cfg.max_seq_len, seq)
-    model = parallelize_model(build_model(cfg, dev, seed=0), TrainingConfig(compile=compile, precision=precision))
+    engine = Engine(ParallelConfig(dp_shard=1), dev)  # single device: the engine applies AC/compile only
+    training = TrainingConfig(compile=compile, precision=precision)
+    model = engine.parallelize(build_model(cfg, dev, seed=0), training, None, 1)[0]
     data = synthetic_batch(cfg, batch, seq, dev)
     seconds = _time_steps(_train_step_fn(model, NextTokenObjective().loss_sum, data, precision, dev), steps, warmup,
                           dev)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,8 @@ from meshlm.checkpoint.manager import CheckpointManager, find_latest_valid
 from meshlm.config.loader import config_to_toml
 from meshlm.config.schema import DataConfig, JobConfig
 from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_embedded_dataset
-from meshlm.distributed.parallelize import parallelize_model
+from meshlm.distributed.comm import CommCounter, comm_time_from_profile
+from meshlm.distributed.engine import Engine, to_float
 from meshlm.errors import ConfigError, DataError
 from meshlm.models import build_model
 from meshlm.objectives import build_objective
@@ -52,44 +52,54 @@ def open_training_data(cfg: DataConfig, vocab_size: int) -> TokenDataset:
     return dataset
 
 
-@dataclass
-class DataParallelInfo:
-    """Where this process sits among the data-parallel ranks (single device: rank 0 of 1)."""
-
-    rank: int = 0
-    size: int = 1
-
-
 class Trainer:
-    def __init__(self, cfg: JobConfig, run_dir: Path, *, resume: bool = False, stop_at: int | None = None,
-                 dp: DataParallelInfo | None = None, rank: int = 0) -> None:
-        self.cfg, self.run_dir, self.stop_at, self.rank = cfg, Path(run_dir), stop_at, rank
-        self.dp = dp or DataParallelInfo()
+    def __init__(self, cfg: JobConfig, run_dir: Path, *, resume: bool = False, stop_at: int | None = None) -> None:
+        self.cfg, self.run_dir, self.stop_at = cfg, Path(run_dir), stop_at
         self.device = resolve_device(cfg.training.device)
         tc = cfg.training
+        self.engine = Engine(cfg.parallel, self.device)
+        self.rank = self.engine.rank
         self.dataset = open_training_data(cfg.data, cfg.model.vocab_size)
         self.micro_batch, self.accum_steps = self._micro_batching()
-        self.model = parallelize_model(build_model(cfg.model, self.device, seed=tc.seed), tc)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.engine.dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, self.micro_batch * self.accum_steps)
         self.objective = build_objective(tc.objective)
+        # Every rank builds the same full model from the seed, then the engine splits and shards it: the
+        # initial weights are those of the single-device run, whatever the layout.
+        model = build_model(cfg.model, self.device, seed=tc.seed)
+        self.model_parts = self.engine.parallelize(model, tc, getattr(self.objective, "loss_from_logits", None),
+                                                   cfg.parallel.microbatches or self.engine.dims.pp)
+        self.optimizers = [build_optimizer(part, cfg.optimizer) for part in self.model_parts]
         self.scaler = DynamicLossScaler() if tc.precision == "fp16" else None
         self.train_loader = SequenceLoader(self.dataset, "train", cfg.data.seq_len, tc.batch_size,
-                                           dp_rank=self.dp.rank, dp_size=self.dp.size, seed=tc.seed)
+                                           dp_rank=self.engine.dp_rank, dp_size=self.engine.dp_size, seed=tc.seed)
         self.eval_loader = self._eval_loader()
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last, rank=rank)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last, rank=self.rank)
         self.step, self.tokens_seen = 0, 0
         if resume:
             self._resume()
         self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.device, tc.precision)
+        self.comm_stats: dict[str, Any] = {}
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The whole model (single part); pipelined runs hold several parts in ``model_parts``."""
+        assert len(self.model_parts) == 1, "a pipelined model has several parts; use model_parts"
+        return self.model_parts[0]
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _micro_batching(self) -> tuple[int, int]:
         tc = self.cfg.training
-        if tc.batch_size % self.dp.size:
-            raise ConfigError(f"training.batch_size ({tc.batch_size}) must be divisible by the {self.dp.size} "
+        dp = self.engine.dp_size
+        if tc.batch_size % dp:
+            raise ConfigError(f"training.batch_size ({tc.batch_size}) must be divisible by the {dp} "
                               "data-parallel ranks")
-        local = tc.batch_size // self.dp.size
+        local = tc.batch_size // dp
+        if self.engine.pipelined:
+            if tc.micro_batch_size not in (0, local):
+                raise ConfigError("under pipeline parallelism the pipeline's micro-batches are the accumulation: "
+                                  "set parallel.microbatches instead of training.micro_batch_size")
+            return local, 1
         micro = tc.micro_batch_size or local
         if local % micro:
             raise ConfigError(f"each data-parallel rank gets {local} sequences, not a multiple of "
@@ -100,8 +110,9 @@ class Trainer:
         if not self.cfg.training.eval_interval:
             return None
         try:
-            return SequenceLoader(self.dataset, "val", self.cfg.data.seq_len, self.micro_batch * self.dp.size,
-                                  dp_rank=self.dp.rank, dp_size=self.dp.size, seed=0, shuffle=False)
+            dp = self.engine.dp_size
+            return SequenceLoader(self.dataset, "val", self.cfg.data.seq_len, self.micro_batch * dp,
+                                  dp_rank=self.engine.dp_rank, dp_size=dp, seed=0, shuffle=False)
         except DataError as exc:
             raise DataError(f"{exc}; held-out evaluation needs a larger val split, or set "
                             "training.eval_interval=0") from None
@@ -111,7 +122,7 @@ class Trainer:
         if path is None:
             self._say(f"no checkpoint in {self.checkpoints.root}; starting from step 0")
             return
-        state = self.checkpoints.load(path, self.model, self.optimizer)
+        state = self.checkpoints.load(path, self.model_parts, self.optimizers)
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.train_loader.load_state_dict(state["loader"])
         if self.scaler is not None and state.get("scaler"):
@@ -126,19 +137,24 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         tc, mc = self.cfg.training, self.cfg.metrics
         last = min(tc.steps, self.stop_at) if self.stop_at else tc.steps
+        measure_at = self.step + 2 if self.engine.dims.world_size > 1 else -1  # after warm-up
         logger = MetricsLogger(self.run_dir, mc, tc.steps, self.step, rank=self.rank)
         logger.message(self.describe())
         window_tokens, window_steps, window_time, record = 0, 0, 0.0, {}
         try:
             while self.step < last:
-                start = time.perf_counter()
-                record = self.train_step()
-                window_time += time.perf_counter() - start
-                window_tokens += record.pop("tokens")
-                window_steps += 1
+                if self.step + 1 == measure_at:
+                    record = self._measured_step()  # instrumented: kept out of the throughput window
+                else:
+                    start = time.perf_counter()
+                    record = self.train_step()
+                    window_time += time.perf_counter() - start
+                    window_tokens += record["tokens"]
+                    window_steps += 1
+                del record["tokens"]
                 if self.eval_loader is not None and self._due(self.step, tc.eval_interval, last):
                     record["eval_loss"] = self.evaluate()
-                if self._due(self.step, mc.interval, last) or "eval_loss" in record:
+                if (self._due(self.step, mc.interval, last) or "eval_loss" in record) and window_steps:
                     logger.log(self._finish_record(record, window_tokens, window_steps, window_time))
                     window_tokens, window_steps, window_time = 0, 0, 0.0
                 else:
@@ -147,83 +163,97 @@ class Trainer:
                     self.save()
         finally:
             logger.close()
-        return {"step": self.step, "tokens_seen": self.tokens_seen, **record}
+        return {"step": self.step, "tokens_seen": self.tokens_seen, **record, **self.comm_stats}
 
     @staticmethod
     def _due(step: int, interval: int, last: int) -> bool:
         return step == last or (interval > 0 and step % interval == 0)
 
     def train_step(self) -> dict[str, Any]:
-        tc = self.cfg.training
-        batch = self.train_loader.next_batch()
-        micro_batches = [{k: v[i * self.micro_batch:(i + 1) * self.micro_batch].to(self.device)
-                          for k, v in batch.items()} for i in range(self.accum_steps)]
-        num_tokens = sum(self.objective.num_loss_tokens(mb) for mb in micro_batches)
-        global_tokens = self._global_sum(float(num_tokens))
+        tc, engine = self.cfg.training, self.engine
+        batch = {k: v.to(self.device) for k, v in self.train_loader.next_batch().items()}
+        global_tokens = engine.dp_sum(float(self.objective.num_loss_tokens(batch)))
         loss_scale = self.scaler.scale if self.scaler else 1.0
-        loss_sum = 0.0
-        for mb in micro_batches:
-            loss_sum += self.forward_backward(mb, global_tokens, loss_scale)
-        grad_norm, skipped = self._clip_and_check(loss_scale)
+        # d(loss_sum · scale)/dθ summed over micro-batches (and averaged over data-parallel ranks by FSDP/DDP,
+        # hence the dp factor) is the gradient of the mean loss over every token of the global batch.
+        scale = loss_scale * engine.dp_size / global_tokens
+        if engine.pipelined:
+            with autocast(tc.precision, self.device.type):
+                local_loss = engine.pipeline_step(batch, scale)
+        else:
+            local_loss = 0.0
+            for i in range(self.accum_steps):
+                micro = {k: v[i * self.micro_batch:(i + 1) * self.micro_batch] for k, v in batch.items()}
+                engine.set_grad_sync(self.model_parts, i == self.accum_steps - 1)
+                local_loss += self.forward_backward(micro, scale)
+        max_norm = tc.max_grad_norm or math.inf
+        grad_norm = engine.clip_grad_norm_(self.model_parts, max_norm, 1.0 / loss_scale)
+        skipped = self.scaler.update(grad_norm) if self.scaler else not math.isfinite(grad_norm)
         lr = lr_at(self.step, self.cfg.optimizer.lr, tc.steps, self.cfg.schedule)
-        if not skipped:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            if not skipped:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         self.step += 1
         tokens = int(global_tokens)
         self.tokens_seen += tokens
-        return {"step": self.step, "loss": self._global_sum(loss_sum) / global_tokens, "lr": lr,
+        return {"step": self.step, "loss": engine.loss_sum(local_loss) / global_tokens, "lr": lr,
                 "grad_norm": grad_norm, "skipped": skipped, "tokens": tokens}
 
-    def forward_backward(self, micro_batch: dict[str, torch.Tensor], global_tokens: float, loss_scale: float) -> float:
-        with autocast(self.cfg.training.precision, self.device.type):
+    def forward_backward(self, micro_batch: dict[str, torch.Tensor], scale: float) -> float:
+        """One micro-batch: forward, backward of ``loss_sum · scale``; returns the (local) summed loss."""
+        with autocast(self.cfg.training.precision, self.device.type), self.engine.loss_context():
             loss_sum = self.objective.loss_sum(self.model, micro_batch)
-        # Gradient of (sum over this micro-batch) / (tokens in the whole global batch): summed over micro-batches
-        # (and averaged over data-parallel ranks by the engine, hence * dp size) this is the global-mean gradient.
-        (loss_sum * (loss_scale * self.dp.size / global_tokens)).backward()
-        return float(loss_sum.detach())
+            (loss_sum * scale).backward()
+        return to_float(loss_sum.detach())
 
-    def _clip_and_check(self, loss_scale: float) -> tuple[float, bool]:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if loss_scale != 1.0:
-            torch._foreach_mul_([p.grad for p in params], 1.0 / loss_scale)
-        max_norm = self.cfg.training.max_grad_norm or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        skipped = self.scaler.update(grad_norm) if self.scaler else not math.isfinite(grad_norm)
-        return grad_norm, skipped
+    def _measured_step(self) -> dict[str, Any]:
+        """A training step with communication counted (bytes, calls per collective) and timed (profiler)."""
+        from torch.profiler import ProfilerActivity, profile
 
-    def _global_sum(self, value: float) -> float:
-        return value  # single device; the distributed engine reduces over the data-parallel ranks
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        counter = CommCounter()
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            with counter:
+                record = self.train_step()
+            seconds = time.perf_counter() - start
+        self.comm_stats = {**counter.summary(), "comm_share": min(comm_time_from_profile(prof) / seconds, 1.0)}
+        return record
 
     @torch.no_grad()
     def evaluate(self) -> float:
         assert self.eval_loader is not None
-        self.model.eval()
+        for part in self.model_parts:
+            part.eval()
         self.eval_loader.reset()
         total, count = 0.0, 0.0
         for _ in range(self.cfg.training.eval_batches):
             batch = {k: v.to(self.device) for k, v in self.eval_loader.next_batch().items()}
             with autocast(self.cfg.training.precision, self.device.type):
-                total += float(self.objective.loss_sum(self.model, batch))
+                if self.engine.pipelined:
+                    total += self.engine.pipeline_step(batch, 1.0, train=False)
+                else:
+                    with self.engine.loss_context():
+                        total += to_float(self.objective.loss_sum(self.model, batch))
             count += self.objective.num_loss_tokens(batch)
-        self.model.train()
-        return self._global_sum(total) / self._global_sum(count)
+        for part in self.model_parts:
+            part.train()
+        return self.engine.loss_sum(total) / self.engine.dp_sum(count)
 
     def _finish_record(self, record: dict[str, Any], tokens: int, steps: int, seconds: float) -> dict[str, Any]:
         tokens_per_s = tokens / seconds if seconds > 0 else float("nan")
-        world = self.dp.size
-        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * world)
+        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.engine.dims.world_size)
         return {**record, "tokens_per_s": tokens_per_s, "mfu": mfu, "tokens_seen": self.tokens_seen,
-                "step_time_s": seconds / steps,
-                "memory_gib": peak_memory_gib(self.device)}
+                "step_time_s": seconds / steps, "memory_gib": peak_memory_gib(self.device), **self.comm_stats}
 
     def save(self) -> Path:
         state = {"tokens_seen": self.tokens_seen, "loader": self.train_loader.state_dict(),
-                 "scaler": self.scaler.state_dict() if self.scaler else None}
-        return self.checkpoints.save(self.step, self.model, self.optimizer, state, config_to_toml(self.cfg),
+                 "scaler": self.scaler.state_dict() if self.scaler else None,
+                 "layout": self.engine.dims.describe()}
+        return self.checkpoints.save(self.step, self.model_parts, self.optimizers, state, config_to_toml(self.cfg),
                                      extra_files={"tokenizer.json": Path(self.dataset.tokenizer_path)})
 
     def describe(self) -> str:
@@ -231,5 +261,7 @@ class Trainer:
         params = mc.num_params()
         return (f"model {mc.flavor}: {params / 1e6:.2f}M params, {mc.n_layers} layers, dim {mc.dim}; "
                 f"batch {tc.batch_size} x {self.cfg.data.seq_len} tokens ({self.accum_steps} micro-step(s) of "
-                f"{self.micro_batch}); {tc.precision} on {self.device}; peak {self.peak_flops / 1e9:.1f} GFLOP/s "
-                f"({self.peak_source}); {self.flops_per_token / 1e6:.1f} MFLOP/token")
+                f"{self.micro_batch} per rank); layout {self.engine.dims.describe()} "
+                f"(data parallel: {self.engine.describe_data_parallel()}); {tc.precision} on {self.device}; "
+                f"peak {self.peak_flops / 1e9:.1f} GFLOP/s ({self.peak_source}); "
+                f"{self.flops_per_token / 1e6:.1f} MFLOP/token")

@@ -1,0 +1,116 @@
+"""Communication accounting, counted from the collectives the process groups actually run.
+
+Every c10d collective (FSDP2's all-gather / reduce-scatter, DDP's all-reduce, pipeline send/recv) and every
+functional collective (DTensor's tensor-parallel all-reduce / all-gather / reduce-scatter) passes through the
+dispatcher as a ``c10d::*`` or ``_c10d_functional::*`` op. A TorchDispatchMode sees each call with its real
+tensors, so bytes and calls per collective type are measured, not derived from formulas.
+
+Bytes are the *payload*: the full (unsharded) buffer of an all-gather or reduce-scatter, the tensor of an
+all-reduce / broadcast / send / recv. Bytes on the wire follow from it by the ring factors (all-reduce
+2(n−1)/n, all-gather and reduce-scatter (n−1)/n); ``wire_bytes`` applies them with each call's group size.
+
+Communication time is measured with the profiler on the same step: the backend's own events (``gloo:*`` on
+CPU threads, NCCL kernels on GPUs). Their sum over the step time is ``comm_share`` — the time collectives
+were running, an upper bound on the exposed share when they overlap compute.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# dispatcher op name -> collective type
+_OPS: dict[str, str] = {
+    "allreduce_": "all_reduce", "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
+    "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "broadcast_": "broadcast", "broadcast": "broadcast",
+    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
+}
+_RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+         "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _tensors(item)]
+    return []
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class CommCounter(TorchDispatchMode):
+    """Counts calls and payload bytes per collective type while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = defaultdict(int)
+        self.bytes: dict[str, int] = defaultdict(int)
+        self.wire_bytes: dict[str, float] = defaultdict(float)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace in ("c10d", "_c10d_functional"):
+            kind = _OPS.get(func._opname)
+            if kind is not None:
+                self._record(kind, func._opname, args, out)
+        return out
+
+    def _record(self, kind: str, opname: str, args: tuple, out: Any) -> None:
+        if opname in ("all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
+            payload = _nbytes(_tensors(out))  # functional all-gather returns the gathered buffer
+        elif opname in ("_reduce_scatter_base_", "reduce_scatter_", "reduce_scatter_tensor_coalesced_"):
+            payload = _nbytes(_tensors(args[1]))  # (output, input, ...): the full input is the payload
+        else:
+            payload = _nbytes(_tensors(args[0]))  # the tensor(s) reduced / gathered into / sent
+        self.calls[kind] += 1
+        self.bytes[kind] += payload
+        ring = _RING.get(kind)
+        n = _group_size(args)
+        self.wire_bytes[kind] += payload * (ring(n) if ring and n > 1 else 1.0)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "comm_bytes_per_step": int(sum(self.bytes.values())),
+            "comm_calls_per_step": int(sum(self.calls.values())),
+            "comm_wire_bytes_per_step": int(sum(self.wire_bytes.values())),
+            "comm": {k: {"calls": self.calls[k], "bytes": self.bytes[k]} for k in sorted(self.calls)},
+        }
+
+
+def _group_size(args: tuple) -> int:
+    """Size of the op's process group: a ProcessGroup argument (c10d ops) or a group name (functional ops)."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    for a in args:
+        if isinstance(a, dist.ProcessGroup):
+            return a.size()
+    if isinstance(args[-1], str):
+        try:
+            return _resolve_process_group(args[-1]).size()
+        except (RuntimeError, ValueError, KeyError):
+            return 0
+    return 0
+
+
+def comm_time_from_profile(prof) -> float:
+    """Seconds the backend spent running collectives during a profiled region."""
+    total_us = 0.0
+    for event in prof.events():
+        name = event.name
+        if name.startswith("gloo:") or "nccl" in name.lower():
+            total_us += event.cpu_time_total if name.startswith("gloo:") else event.device_time_total
+    return total_us / 1e6

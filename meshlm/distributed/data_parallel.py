@@ -1,0 +1,46 @@
+"""Data parallelism, applied last: FSDP2 (``fully_shard``), HSDP (replicate x shard mesh) or DDP.
+
+FSDP2 shards each block's parameters (fp32 master weights), gradients and optimizer state over the shard
+dim; forward/backward all-gather one block's parameters at a time (in the compute dtype under mixed precision)
+and reduce-scatter gradients in fp32. ``reshard_after_forward=never`` keeps gathered parameters until
+backward (ZeRO-2-like: no second all-gather, more memory).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+_LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard: str, pipelined: bool) -> None:
+    mp = MixedPrecisionPolicy(param_dtype=_LOW.get(precision), reduce_dtype=torch.float32)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        if reshard == "default":
+            # The last block's params are needed again right away by backward; under pipelining every
+            # micro-batch would re-gather them, so keep them (as torchtitan does).
+            keep = pipelined or i == len(blocks) - 1
+        else:
+            keep = reshard == "never"
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep)
+    # The root group holds the embedding, final norm and head; its params are used last in forward and
+    # first in backward, so there is nothing to gain from resharding them in between.
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), broadcast_buffers=False)
+
+
+def set_grad_sync(parts: list[nn.Module], enabled: bool) -> None:
+    """Reduce gradients only on the last micro-step of an accumulation (FSDP/DDP no-sync)."""
+    for part in parts:
+        if isinstance(part, FSDPModule):
+            part.set_requires_gradient_sync(enabled)
+        elif isinstance(part, DistributedDataParallel):
+            part.require_backward_grad_sync = enabled

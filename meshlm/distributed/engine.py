@@ -1,0 +1,173 @@
+"""The engine: owns the mesh and applies parallelism to a built model, from outside, in this order:
+pipeline split → per stage: tensor parallel (+ sequence / loss parallel) → activation checkpointing → compile →
+FSDP2 / HSDP / DDP. It also provides the reductions the trainer needs across data-parallel ranks and
+pipeline stages. With every degree 1 (single device) each step is a no-op and there is no process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from meshlm.config.schema import ParallelConfig, TrainingConfig
+from meshlm.distributed.activation_checkpoint import apply_activation_checkpointing
+from meshlm.distributed.data_parallel import apply_ddp, apply_fsdp, set_grad_sync
+from meshlm.distributed.parallel_dims import ParallelDims
+from meshlm.distributed.pipeline import build_schedule, split_model, stage_ids
+from meshlm.distributed.tensor_parallel import apply_tensor_parallel, loss_context
+
+
+def to_float(value: torch.Tensor | float) -> float:
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    return float(value)
+
+
+class Engine:
+    def __init__(self, cfg: ParallelConfig, device: torch.device) -> None:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.cfg, self.device = cfg, device
+        self.dims = ParallelDims.from_config(cfg, world)
+        self.mesh = self.dims.build_mesh(device.type)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.dp_rank = self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+        self.pp_rank = self.mesh["pp"].get_local_rank() if self.mesh is not None else 0
+        self.num_stages = self.dims.pp * cfg.num_stages_per_rank if self.dims.pp > 1 else 1
+        self.stage_indices = stage_ids(self.pp_rank, self.dims.pp, cfg.num_stages_per_rank, cfg.pp_schedule) \
+            if self.dims.pp > 1 else [0]
+        self.schedule = None
+        self._pp_scale = 1.0
+        self._pp_loss_sums: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------------------------------------ properties
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    @property
+    def pipelined(self) -> bool:
+        return self.dims.pp > 1
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_indices
+
+    # --------------------------------------------------------------------------------------- parallelize
+    def parallelize(self, model: nn.Module, training: TrainingConfig, loss_fn: Callable | None,
+                    microbatches: int) -> list[nn.Module]:
+        """Split/shard ``model`` (materialised identically on every rank) into this rank's model parts."""
+        if self.pipelined:
+            parts = split_model(model, self.stage_indices, self.num_stages)
+        else:
+            parts = [model]
+        parts = [self._parallelize_part(part, training) for part in parts]
+        if self.pipelined:
+            assert loss_fn is not None
+            self.schedule = build_schedule(parts, self.stage_indices, self.num_stages, self.mesh["pp"], self.device,
+                                           self.cfg.pp_schedule, microbatches, self._pipeline_loss(loss_fn))
+        return parts
+
+    def _parallelize_part(self, part: nn.Module, training: TrainingConfig) -> nn.Module:
+        dims = self.dims
+        if dims.tp > 1:
+            apply_tensor_parallel(part, self.mesh["tp"], self.cfg.sequence_parallel, self.cfg.loss_parallel)
+        apply_activation_checkpointing(part, training.activation_checkpointing)
+        if training.compile:
+            for block in part.layers.values():
+                block.compile()
+        if dims.dp > 1:
+            if dims.dp_shard == 1 and dims.tp == 1 and dims.pp == 1:
+                return apply_ddp(part, self.mesh["dp"])
+            dp_mesh = self.mesh[("dp_replicate", "dp_shard")] if dims.dp_replicate > 1 else self.mesh["dp_shard"]
+            apply_fsdp(part, dp_mesh, training.precision, self.cfg.reshard_after_forward, self.pipelined)
+        return part
+
+    def describe_data_parallel(self) -> str:
+        d = self.dims
+        if d.dp == 1:
+            return "none"
+        if d.dp_shard == 1 and d.tp == 1 and d.pp == 1:
+            return f"DDP x{d.dp_replicate}"
+        if d.dp_replicate > 1:
+            return f"HSDP {d.dp_replicate} replicas x {d.dp_shard} shards"
+        return f"FSDP2 x{d.dp_shard}"
+
+    # --------------------------------------------------------------------------------------------- steps
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        return loss_context(self.dims.tp > 1, self.cfg.loss_parallel)
+
+    def set_grad_sync(self, parts: list[nn.Module], enabled: bool) -> None:
+        if self.dims.dp > 1:
+            set_grad_sync(parts, enabled)
+
+    def _pipeline_loss(self, loss_fn: Callable) -> Callable:
+        def scaled(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            loss_sum = loss_fn(output, target)
+            self._pp_loss_sums.append(loss_sum.detach())
+            return loss_sum * self._pp_scale
+
+        return scaled
+
+    def pipeline_step(self, batch: dict[str, torch.Tensor], scale: float, train: bool = True) -> float:
+        """Run the schedule over this rank's batch; returns the summed loss (non-zero on the last stage)."""
+        assert self.schedule is not None
+        self._pp_scale, self._pp_loss_sums = scale, []
+        target = batch["labels"] if self.has_last_stage else None
+        losses: list | None = [] if self.has_last_stage else None
+        args = (batch["input_ids"],) if self.has_first_stage else ()
+        run = self.schedule.step if train else self.schedule.eval
+        with self.loss_context():
+            run(*args, target=target, losses=losses)
+        return sum(to_float(x) for x in self._pp_loss_sums)
+
+    # -------------------------------------------------------------------------------------- reductions
+    def dp_sum(self, value: float) -> float:
+        """Sum over data-parallel ranks (tensor-parallel peers hold the same value and are not summed)."""
+        if self.mesh is None or self.dims.dp == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.mesh["dp"].get_group())
+        return float(t.item())
+
+    def loss_sum(self, local: float) -> float:
+        """A summed loss over the whole global batch, on every rank (pipelined: from the last stage)."""
+        total = self.dp_sum(local)
+        if self.pipelined:
+            t = torch.tensor([total if self.has_last_stage else 0.0], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, group=self.mesh["pp"].get_group())
+            total = float(t.item())
+        return total
+
+    def clip_grad_norm_(self, parts: list[nn.Module], max_norm: float, grad_scale: float = 1.0) -> float:
+        """Unscale (fp16), then clip to the global L2 norm across every shard, replica and stage."""
+        params = [p for part in parts for p in part.parameters() if p.grad is not None]
+        if grad_scale != 1.0:
+            for p in params:
+                p.grad.mul_(grad_scale)
+        # Group by mesh: FSDP-only and FSDP+TP parameters live on different meshes, and a norm over a mixed
+        # list cannot be computed as one DTensor op.
+        groups: dict[object, list[torch.Tensor]] = {}
+        for p in params:
+            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            groups.setdefault(key, []).append(p.grad)
+        norm_sq = torch.zeros((), dtype=torch.float32, device=self.device)
+        for grads in groups.values():
+            norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+            norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+            norm_sq += norm.float() ** 2
+        if self.pipelined:
+            dist.all_reduce(norm_sq, group=self.mesh["pp"].get_group())
+        total = norm_sq.sqrt()
+        if math.isfinite(max_norm) and torch.isfinite(total):
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        return float(total)

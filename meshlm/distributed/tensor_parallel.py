@@ -1,0 +1,79 @@
+"""Megatron-style tensor parallelism with DTensor, keyed by the model's module names.
+
+Per block: wq/wk/wv and w1/w3 are column-parallel (each rank owns whole heads / a slice of the SwiGLU width),
+wo and w2 row-parallel. Without sequence parallelism the block input is replicated and each row-parallel output
+is all-reduced. With sequence parallelism the norms and residual stream are sharded along the sequence; the
+all-reduce becomes an all-gather before attention/FFN and a reduce-scatter after (same total volume, norm
+activations 1/tp as large). With loss parallelism the output head keeps logits sharded along the vocabulary
+and the cross-entropy runs on the shards (`loss_parallel()`), so full logits are never gathered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
+                          use_loss_parallel: bool) -> None:
+    """Shard ``model`` (a whole model or a pipeline stage) in place over ``tp_mesh``."""
+    residual = Shard(1) if sequence_parallel else Replicate()  # layout of the (B, T, D) residual stream
+    top: dict[str, object] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+    if model.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=residual,
+                                        output_layouts=Shard(-1) if use_loss_parallel else Replicate(),
+                                        use_local_output=not use_loss_parallel)
+    names = list(model.layers.keys())
+    if sequence_parallel and model.tok_embeddings is None:
+        # A later pipeline stage receives the residual stream as a full tensor from the previous stage: shard it
+        # along the sequence for this stage's first block.
+        top[f"layers.{names[0]}"] = PrepareModuleInput(
+            input_layouts=(Replicate(), None, None, None, None),
+            desired_input_layouts=(Shard(1), None, None, None, None), use_local_output=True)
+    if sequence_parallel and model.output is None:
+        # ... and sends a full tensor to the next stage.
+        top[f"layers.{names[-1]}"] = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
+                                                          use_local_output=True)
+    parallelize_module(model, tp_mesh, top)
+
+    for block in model.layers.values():
+        plan: dict[str, object] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=residual),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+        }
+        if sequence_parallel:
+            plan.update({
+                "attention_norm": SequenceParallel(),
+                "ffn_norm": SequenceParallel(),
+                # Gather the sequence before the projections; cos/sin and cache arguments pass through as is.
+                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None, None),
+                                                desired_input_layouts=(Replicate(), None, None, None, None)),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, tp_mesh, plan)
+
+
+def loss_context(tp_enabled: bool, use_loss_parallel: bool) -> contextlib.AbstractContextManager:
+    """The context the loss (forward and backward) must run in."""
+    return loss_parallel() if tp_enabled and use_loss_parallel else contextlib.nullcontext()
