@@ -19,12 +19,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from meshlm.cli import bench, config_cmd, demo, generate, inspect, prepare, train
+    from meshlm.cli import bench, config_cmd, demo, diagnose, generate, inspect, prepare, train
 
     parser = argparse.ArgumentParser(prog="meshlm", description="Train, inspect and sample Llama-family models "
                                      "on PyTorch's distributed engine.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (prepare, train, generate, inspect, config_cmd, bench, demo):
+    for module in (prepare, train, generate, inspect, config_cmd, bench, diagnose, demo):
         module.register(sub, _add_config_args)
     return parser
 
@@ -33,10 +33,19 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
+    handler = args.handler
+    from meshlm.distributed.launch import in_worker
+
+    if in_worker():  # unexpected exceptions go to torchelastic's error file, so the launcher can report them
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        handler = record(handler)
     try:
-        code = args.handler(args)
+        code = handler(args)
     except UserError as exc:
-        print(f"meshlm {args.command}: error: {exc}", file=sys.stderr)
+        from meshlm.distributed.launch import rank_prefix
+
+        print(f"{rank_prefix()}meshlm {args.command}: error: {exc}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
     except KeyboardInterrupt:
         print(f"meshlm {args.command}: interrupted", file=sys.stderr)

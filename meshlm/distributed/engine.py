@@ -34,7 +34,7 @@ class Engine:
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.cfg, self.device = cfg, device
         self.dims = ParallelDims.from_config(cfg, world)
-        self.mesh = self.dims.build_mesh(device.type)
+        self.mesh = self.dims.build_meshes(device.type)  # role -> sub-mesh; None on a single device
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.dp_rank = self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
         self.pp_rank = self.mesh["pp"].get_local_rank() if self.mesh is not None else 0
@@ -43,7 +43,6 @@ class Engine:
             if self.dims.pp > 1 else [0]
         self.schedule = None
         self._pp_scale = 1.0
-        self._pp_loss_sums: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------------------------------ properties
     @property
@@ -88,7 +87,7 @@ class Engine:
         if dims.dp > 1:
             if dims.dp_shard == 1 and dims.tp == 1 and dims.pp == 1:
                 return apply_ddp(part, self.mesh["dp"])
-            dp_mesh = self.mesh[("dp_replicate", "dp_shard")] if dims.dp_replicate > 1 else self.mesh["dp_shard"]
+            dp_mesh = self.mesh["hsdp"] if dims.dp_replicate > 1 else self.mesh["dp_shard"]
             apply_fsdp(part, dp_mesh, training.precision, self.cfg.reshard_after_forward, self.pipelined)
         return part
 
@@ -112,23 +111,23 @@ class Engine:
 
     def _pipeline_loss(self, loss_fn: Callable) -> Callable:
         def scaled(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            loss_sum = loss_fn(output, target)
-            self._pp_loss_sums.append(loss_sum.detach())
-            return loss_sum * self._pp_scale
+            return loss_fn(output, target) * self._pp_scale
 
         return scaled
 
     def pipeline_step(self, batch: dict[str, torch.Tensor], scale: float, train: bool = True) -> float:
         """Run the schedule over this rank's batch; returns the summed loss (non-zero on the last stage)."""
         assert self.schedule is not None
-        self._pp_scale, self._pp_loss_sums = scale, []
+        self._pp_scale = scale
         target = batch["labels"] if self.has_last_stage else None
         losses: list | None = [] if self.has_last_stage else None
         args = (batch["input_ids"],) if self.has_first_stage else ()
         run = self.schedule.step if train else self.schedule.eval
         with self.loss_context():
             run(*args, target=target, losses=losses)
-        return sum(to_float(x) for x in self._pp_loss_sums)
+        # The schedule returns one scaled loss per micro-batch (it may also call loss_fn outside the step while
+        # inferring shapes, so the losses list — not the calls — is what counts).
+        return sum(to_float(x) for x in losses) / scale if losses else 0.0
 
     # -------------------------------------------------------------------------------------- reductions
     def dp_sum(self, value: float) -> float:
@@ -160,14 +159,16 @@ class Engine:
         for p in params:
             key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
             groups.setdefault(key, []).append(p.grad)
-        norm_sq = torch.zeros((), dtype=torch.float32, device=self.device)
+        norm_sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for grads in groups.values():
             norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
             norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-            norm_sq += norm.float() ** 2
+            norm_sq += norm.double() ** 2
         if self.pipelined:
             dist.all_reduce(norm_sq, group=self.mesh["pp"].get_group())
-        total = norm_sq.sqrt()
-        if math.isfinite(max_norm) and torch.isfinite(total):
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
-        return float(total)
+        total = float(norm_sq.sqrt())
+        if math.isfinite(max_norm) and math.isfinite(total) and total > max_norm:
+            coef = max_norm / (total + 1e-6)
+            for grads in groups.values():  # per group: foreach ops cannot mix DTensors and plain tensors
+                torch._foreach_mul_(grads, coef)
+        return total

@@ -90,7 +90,9 @@ class ParallelDims:
             if parallel.pp_schedule == "zbv" and parallel.num_stages_per_rank != 2:
                 raise ConfigError("parallel.pp_schedule 'zbv' needs exactly 2 stages per rank")
 
-    def build_mesh(self, device_type: str) -> DeviceMesh | None:
+    def build_meshes(self, device_type: str) -> dict[str, DeviceMesh] | None:
+        """Sub-meshes by role: ``pp``, ``tp``, ``dp`` (replicate x shard flattened: data loading, loss
+        reduction, DDP), ``dp_shard`` (FSDP) and ``hsdp`` (2D replicate x shard). None on a single device."""
         if not dist.is_initialized():
             if self.world_size > 1:
                 raise ConfigError("a multi-rank layout needs a process group: launch with `meshlm train --nproc N` "
@@ -98,5 +100,6 @@ class ParallelDims:
             return None
         mesh = init_device_mesh(device_type, (self.pp, self.dp_replicate, self.dp_shard, self.tp),
                                 mesh_dim_names=MESH_DIMS)
-        mesh[("dp_replicate", "dp_shard")]._flatten("dp")  # data loading and loss reduction span both
-        return mesh
+        hsdp = mesh[("dp_replicate", "dp_shard")]
+        return {"pp": mesh["pp"], "tp": mesh["tp"], "dp_shard": mesh["dp_shard"], "hsdp": hsdp,
+                "dp": hsdp._flatten("dp")}

@@ -143,18 +143,16 @@ class Trainer:
         window_tokens, window_steps, window_time, record = 0, 0, 0.0, {}
         try:
             while self.step < last:
-                if self.step + 1 == measure_at:
-                    record = self._measured_step()  # instrumented: kept out of the throughput window
-                else:
-                    start = time.perf_counter()
-                    record = self.train_step()
-                    window_time += time.perf_counter() - start
-                    window_tokens += record["tokens"]
-                    window_steps += 1
-                del record["tokens"]
+                start = time.perf_counter()
+                # One step per process runs instrumented (collectives counted, profiler on); its overhead is
+                # part of that window's throughput.
+                record = self._measured_step() if self.step + 1 == measure_at else self.train_step()
+                window_time += time.perf_counter() - start
+                window_tokens += record.pop("tokens")
+                window_steps += 1
                 if self.eval_loader is not None and self._due(self.step, tc.eval_interval, last):
                     record["eval_loss"] = self.evaluate()
-                if (self._due(self.step, mc.interval, last) or "eval_loss" in record) and window_steps:
+                if self._due(self.step, mc.interval, last) or "eval_loss" in record:
                     logger.log(self._finish_record(record, window_tokens, window_steps, window_time))
                     window_tokens, window_steps, window_time = 0, 0, 0.0
                 else:

@@ -1,0 +1,61 @@
+"""``meshlm diagnose parity``: the answer to "my multi-GPU results differ from single-GPU"."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+
+def register(sub, add_config_args) -> None:
+    p = sub.add_parser("diagnose", help="diagnostics")
+    dsub = p.add_subparsers(dest="diagnose_command", required=True, metavar="{parity}")
+    par = dsub.add_parser("parity", help="run a layout and a single-device reference on the same seed and data; "
+                                         "compare per-step loss and grad norm")
+    add_config_args(par)
+    par.add_argument("--nproc", type=int, required=True, help="ranks for the layout under test")
+    par.add_argument("--steps", type=int, default=6)
+    par.add_argument("--work-dir", help="keep both runs here (default: a temporary folder)")
+    par.add_argument("--json", action="store_true")
+    par.set_defaults(handler=run_parity)
+
+
+def run_parity(args: argparse.Namespace) -> int:
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.distributed.launch import launch_local
+    from meshlm.distributed.parallel_dims import ParallelDims
+    from meshlm.distributed.parity import COMPARE_OVERRIDES, SINGLE_DEVICE, compare, read_records
+    from meshlm.errors import ConfigError
+    from meshlm.train.run_dir import init_run_dir
+    from meshlm.train.trainer import Trainer
+
+    if args.steps < 1 or args.nproc < 1:
+        raise ConfigError("--steps and --nproc must be at least 1")
+    common = [*args.overrides, f"training.steps={args.steps}", *COMPARE_OVERRIDES]
+    layout_cfg = load_config(args.config, common)
+    dims = ParallelDims.from_config(layout_cfg.parallel, args.nproc)
+    ref_cfg = load_config(args.config, [*common, *SINGLE_DEVICE])
+    with tempfile.TemporaryDirectory(prefix="meshlm-parity-") as tmp:
+        work = Path(args.work_dir or tmp)
+        ref_dir, layout_dir = work / "reference", work / "layout"
+        init_run_dir(layout_dir, config_to_toml(layout_cfg), resume=False)
+        worker = ["train", *([args.config] if args.config else []), *[a for o in common for a in ("--set", o)],
+                  "--run-dir", str(layout_dir), "--resume", "auto"]
+        launch_local(args.nproc, 0, worker, layout_cfg.parallel.timeout_s)
+        init_run_dir(ref_dir, config_to_toml(ref_cfg), resume=False)
+        Trainer(ref_cfg, ref_dir).train()
+        report = compare(dims.describe(), read_records(ref_dir), read_records(layout_dir))
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(f"parity of {report.layout} ({args.nproc} ranks) against a single device, {args.steps} steps")
+        print(f"{'step':>5} {'ref loss':>10} {'loss':>10} {'rel diff':>9} {'ref gnorm':>10} {'gnorm':>10} "
+              f"{'rel diff':>9}")
+        for r in report.rows:
+            print(f"{r['step']:>5} {r['ref_loss']:>10.6f} {r['loss']:>10.6f} {r['loss_rel_diff']:>9.1e} "
+                  f"{r['ref_grad_norm']:>10.6f} {r['grad_norm']:>10.6f} {r['grad_norm_rel_diff']:>9.1e}")
+        verdict = "within" if report.ok else "BEYOND"
+        print(f"{verdict} tolerance (loss rtol {report.loss_rtol:g}, grad-norm rtol {report.grad_norm_rtol:g}); "
+              "see docs/parallelism.md")
+    return 0 if report.ok else 1

@@ -1,0 +1,78 @@
+"""Launching: ``meshlm train --nproc N`` starts N local ranks through torchrun's elastic agent, and each rank
+(also under a plain ``torchrun ... -m meshlm train``) joins the process group from torchrun's environment.
+
+With ``--max-restarts K`` the agent restarts every rank when one fails; restarted ranks resume from the newest
+valid checkpoint of the run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import uuid
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from meshlm.errors import UserError
+
+
+class LaunchError(UserError):
+    """A rank failed; the message says which one and why."""
+
+    exit_code = 1
+
+
+def in_worker() -> bool:
+    """True inside a torchrun/elastic worker (torchrun sets these for every rank)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def init_distributed(timeout_s: int) -> None:
+    """Join the process group torchrun describes (gloo on CPU, NCCL on GPUs); no-op outside a worker."""
+    if not in_worker() or dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+def rank_prefix() -> str:
+    return f"[rank {os.environ['RANK']}] " if in_worker() and "RANK" in os.environ else ""
+
+
+def launch_local(nproc: int, max_restarts: int, worker_args: list[str], timeout_s: int) -> None:
+    """Run ``python -m meshlm <worker_args>`` on ``nproc`` local ranks under the elastic agent."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: one compute thread per rank
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"meshlm-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": timeout_s},
+        max_restarts=max_restarts, monitor_interval=0.2, start_method="spawn")
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "meshlm", *worker_args)
+    except ChildFailedError as exc:
+        raise LaunchError(describe_failures(exc, max_restarts)) from None
+
+
+def describe_failures(exc, max_restarts: int) -> str:
+    lines = []
+    for rank, failure in sorted(exc.failures.items()):
+        code = failure.exitcode
+        if code < 0:
+            try:
+                why = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                why = f"was killed by signal {-code}"
+        else:
+            why = f"exited with code {code}"
+        message = failure.message if isinstance(failure.message, str) else ""
+        detail = f": {message.strip().splitlines()[-1]}" if message and message != "<N/A>" else ""
+        lines.append(f"rank {rank} (pid {failure.pid}) {why}{detail}")
+    restarts = f" after {max_restarts} restart(s)" if max_restarts else " (no restarts: pass --max-restarts K)"
+    return f"training failed{restarts}: " + "; ".join(lines)
