@@ -98,6 +98,11 @@ def _group_size(args: tuple) -> int:
     for a in args:
         if isinstance(a, dist.ProcessGroup):
             return a.size()
+        if isinstance(a, torch.ScriptObject):  # c10d ops receive the group boxed
+            try:
+                return dist.ProcessGroup.unbox(a).size()
+            except (RuntimeError, TypeError):
+                continue
     if isinstance(args[-1], str):
         try:
             return _resolve_process_group(args[-1]).size()

@@ -37,7 +37,24 @@ def init_distributed(timeout_s: int) -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, store=_attempt_store(rank, world, timeout), rank=rank,
+                            world_size=world, timeout=timeout)
+
+
+def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store, namespaced by restart attempt.
+
+    After an elastic restart the agent's store still holds the previous attempt's keys, and gloo's full-mesh
+    connect can read a dead rank's address from them ("connectFullMesh failed ... Connection refused"; the same
+    class of failure as pytorch/pytorch#167288). A prefix per attempt gives every attempt clean keys.
+    """
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    base = dist.TCPStore(host, port, world, is_master=not agent_hosts_store and rank == 0, timeout=timeout,
+                         multi_tenant=not agent_hosts_store)
+    return dist.PrefixStore(f"meshlm/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
 
 
 def rank_prefix() -> str:
@@ -57,7 +74,10 @@ def launch_local(nproc: int, max_restarts: int, worker_args: list[str], timeout_
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "meshlm", *worker_args)
     except ChildFailedError as exc:
-        raise LaunchError(describe_failures(exc, max_restarts)) from None
+        error = LaunchError(describe_failures(exc, max_restarts))
+        if all(f.exitcode == 2 for f in exc.failures.values()):
+            error.exit_code = 2  # every rank refused the same user mistake (already printed by the ranks)
+        raise error from None
 
 
 def describe_failures(exc, max_restarts: int) -> str:
@@ -72,7 +92,8 @@ def describe_failures(exc, max_restarts: int) -> str:
         else:
             why = f"exited with code {code}"
         message = failure.message if isinstance(failure.message, str) else ""
-        detail = f": {message.strip().splitlines()[-1]}" if message and message != "<N/A>" else ""
+        useful = message and message != "<N/A>" and not message.startswith("To enable traceback")
+        detail = f": {message.strip().splitlines()[-1]}" if useful else ""
         lines.append(f"rank {rank} (pid {failure.pid}) {why}{detail}")
     restarts = f" after {max_restarts} restart(s)" if max_restarts else " (no restarts: pass --max-restarts K)"
     return f"training failed{restarts}: " + "; ".join(lines)
