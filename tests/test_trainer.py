@@ -112,3 +112,13 @@ def test_fp16_overflow_skips_step_and_backs_off(debug_dataset, tmp_path):
     assert trainer.scaler.scale == pytest.approx(1.5e38)
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
     assert trainer.step == 1  # the schedule still advances
+
+
+def test_init_from_checkpoint_starts_from_its_weights(debug_dataset, tmp_path):
+    """checkpoint.init_from (fine-tuning): weights come from the checkpoint, step and optimizer start fresh."""
+    source = _trainer(_cfg(debug_dataset, "training.steps=3"), tmp_path / "source")
+    source.train()
+    cfg = _cfg(debug_dataset, f'checkpoint.init_from="{tmp_path / "source"}"', "checkpoint.enabled=false")
+    tuned = _trainer(cfg, tmp_path / "tuned")
+    assert tuned.step == 0 and not tuned.optimizers[0].state
+    assert weights_sha256(tuned.model) == weights_sha256(source.model)

@@ -133,7 +133,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.rank = rank
 
-    def save(self, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
+    def save(self, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None,
              train_state: dict[str, Any], config_toml: str, extra_files: dict[str, Path] | None = None) -> Path:
         """Collective when distributed: every rank calls it. ``extra_files`` (e.g. the tokenizer) are copied in
         so the checkpoint is self-contained."""
@@ -143,9 +143,10 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that crashed
             (tmp / "rng").mkdir(parents=True)
         _barrier()
-        state = _PartStates(parts, optimizers)
-        dcp.save({"model": state.model, "optimizer": state.optimizer}, checkpoint_id=str(tmp / "dcp"),
-                 no_dist=not _is_dist())
+        state = _PartStates(parts, optimizers)  # optimizers=None: weights only (e.g. a converted model)
+        tensors = {"model": state.model} if state.optimizer is None else {"model": state.model,
+                                                                          "optimizer": state.optimizer}
+        dcp.save(tensors, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist())
         torch.save(_rng_state(), tmp / "rng" / f"rank-{self.rank:05d}.pt")
         _barrier()
         if self.rank == 0:

@@ -19,12 +19,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from meshlm.cli import bench, config_cmd, demo, diagnose, generate, inspect, prepare, train
+    from meshlm.cli import bench, config_cmd, convert, demo, diagnose, generate, inspect, plan, plot, prepare, train
 
     parser = argparse.ArgumentParser(prog="meshlm", description="Train, inspect and sample Llama-family models "
                                      "on PyTorch's distributed engine.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (prepare, train, generate, inspect, config_cmd, bench, diagnose, demo):
+    for module in (prepare, train, generate, inspect, convert, plot, plan, config_cmd, bench, diagnose, demo):
         module.register(sub, _add_config_args)
     return parser
 

@@ -133,6 +133,10 @@ class CheckpointConfig:
     interval: int = option(50, "Save a checkpoint every N steps (and at the end); 0 saves only at the end.")
     keep_last: int = option(3, "Keep the newest K checkpoints; older ones are deleted after a save succeeds.")
     enabled: bool = option(True, "Write checkpoints at all.")
+    init_from: str = option("", "Initialise the model's weights from this checkpoint (a run directory or a "
+                                "step folder, e.g. one written by `meshlm convert from-hf`) instead of at random: "
+                                "fine-tuning. Optimizer and data position start fresh; ignored when --resume "
+                                "finds a checkpoint of the run itself.")
 
     def validate(self) -> None:
         if self.interval < 0 or self.keep_last < 1:

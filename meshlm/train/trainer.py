@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from meshlm.checkpoint.manager import CheckpointManager, find_latest_valid
+from meshlm.checkpoint.load import resolve_checkpoint
+from meshlm.checkpoint.manager import CheckpointManager, find_latest_valid, load_weights
 from meshlm.config.loader import config_to_toml
 from meshlm.config.schema import DataConfig, JobConfig
 from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_embedded_dataset
@@ -75,8 +76,9 @@ class Trainer:
         self.eval_loader = self._eval_loader()
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last, rank=self.rank)
         self.step, self.tokens_seen = 0, 0
-        if resume:
-            self._resume()
+        resumed = self._resume() if resume else False
+        if cfg.checkpoint.init_from and not resumed:
+            self._init_from(cfg.checkpoint.init_from)
         self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.device, tc.precision)
         self.comm_stats: dict[str, Any] = {}
@@ -117,17 +119,23 @@ class Trainer:
             raise DataError(f"{exc}; held-out evaluation needs a larger val split, or set "
                             "training.eval_interval=0") from None
 
-    def _resume(self) -> None:
+    def _init_from(self, source: str) -> None:
+        path = resolve_checkpoint(source)
+        load_weights(path, self.model_parts)  # DCP reshards into whatever layout this run uses
+        self._say(f"initialised weights from {path}")
+
+    def _resume(self) -> bool:
         path = find_latest_valid(self.checkpoints.root, warn=self._say)
         if path is None:
             self._say(f"no checkpoint in {self.checkpoints.root}; starting from step 0")
-            return
+            return False
         state = self.checkpoints.load(path, self.model_parts, self.optimizers)
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.train_loader.load_state_dict(state["loader"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self._say(f"resumed from {path} at step {self.step}")
+        return True
 
     def _say(self, text: str) -> None:
         if self.rank == 0:

@@ -1,0 +1,52 @@
+"""Training throughput benchmark: meshlm flavours eager vs compiled, with transformers' LlamaForCausalLM of the
+same dimensions in the same process as the reference. Prints a markdown table (and JSON lines with --json).
+
+    python scripts/bench_train.py                                   # CPU: debug and small, fp32
+    python scripts/bench_train.py --device cuda --precision bf16    # a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+import torch
+
+from meshlm.train.bench import bench_train
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--flavors", default="debug,small")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled runs")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    device = args.device
+    name = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()}, " \
+        f"{torch.get_num_threads()} threads"
+    print(f"# bench train on {device} ({name}), torch {torch.__version__}, {args.precision}, batch {args.batch} x "
+          f"seq {args.seq}, {args.steps} timed steps after {args.warmup} warm-up\n")
+    print("| flavour | mode | tokens/s | achieved GFLOP/s | peak GFLOP/s | MFU | HF tokens/s | meshlm / HF |")
+    print("|---|---|---|---|---|---|---|---|")
+    for flavor in args.flavors.split(","):
+        for compile_ in ([False] if args.no_compile else [False, True]):
+            r = bench_train(flavor, args.batch, args.seq, args.steps, warmup=args.warmup, compile=compile_,
+                            precision=args.precision, device=device, compare_hf=not args.no_hf)
+            hf = f"{r['hf_tokens_per_s']:,.0f} | {r['ratio_to_hf']:.2f}" if "ratio_to_hf" in r else "n/a | n/a"
+            print(f"| {flavor} | {'compiled' if compile_ else 'eager'} | {r['tokens_per_s']:,.0f} | "
+                  f"{r['achieved_flops'] / 1e9:,.1f} | {r['matmul_peak_flops'] / 1e9:,.1f} | {100 * r['mfu']:.1f}% | "
+                  f"{hf} |", flush=True)
+            if args.json:
+                print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
