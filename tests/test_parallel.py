@@ -190,3 +190,22 @@ def test_cli_rejects_bad_layout_before_spawning(tmp_path):
                   check=False)
     assert proc.returncode == 2 and "does not divide the 4 ranks" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_missing_rendezvous_peer_fails_within_the_timeout(debug_dataset, tmp_path):
+    """Rank 0 of a 2-rank job whose peer never starts: one clear line after parallel.timeout_s, no hang."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "PYTHONWARNINGS": "ignore"}
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "meshlm", "train", CFG, *sets(parallel__dp_shard=2,
+                           parallel__timeout_s=3), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert time.time() - start < 60
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "rank 0 could not join the 2-rank process group" in last and "parallel.timeout_s=3s" in last

@@ -59,8 +59,7 @@ def _launch(args: argparse.Namespace, cfg) -> int:
         worker += ["--stop-at", str(args.stop_at)]
     if args.json:
         worker.append("--json")
-    launch_local(args.nproc, args.max_restarts, worker, cfg.parallel.timeout_s)
-    print(f"run directory: {run_dir}")
+    launch_local(args.nproc, args.max_restarts, worker, cfg.parallel.timeout_s)  # rank 0 reports the run
     return 0
 
 

@@ -16,8 +16,11 @@ were running, an upper bound on the exposed share when they overlap compute.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -119,3 +122,18 @@ def comm_time_from_profile(prof) -> float:
         if name.startswith("gloo:") or "nccl" in name.lower():
             total_us += event.cpu_time_total if name.startswith("gloo:") else event.device_time_total
     return total_us / 1e6
+
+
+@contextlib.contextmanager
+def silence_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null (C++ libraries print there directly, bypassing sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)

@@ -39,8 +39,15 @@ def init_distributed(timeout_s: int) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend=backend, store=_attempt_store(rank, world, timeout), rank=rank,
-                            world_size=world, timeout=timeout)
+    try:
+        dist.init_process_group(backend=backend, store=_attempt_store(rank, world, timeout), rank=rank,
+                                world_size=world, timeout=timeout)
+    except (RuntimeError, ValueError) as exc:  # DistStoreError / gloo connect errors are RuntimeErrors
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise LaunchError(f"rank {rank} could not join the {world}-rank process group at "
+                          f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} within "
+                          f"parallel.timeout_s={timeout_s}s ({reason}); check that every rank started and can "
+                          "reach that address") from None
 
 
 def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:

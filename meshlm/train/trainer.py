@@ -19,7 +19,7 @@ from meshlm.checkpoint.manager import CheckpointManager, find_latest_valid, load
 from meshlm.config.loader import config_to_toml
 from meshlm.config.schema import DataConfig, JobConfig
 from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_embedded_dataset
-from meshlm.distributed.comm import CommCounter, comm_time_from_profile
+from meshlm.distributed.comm import CommCounter, comm_time_from_profile, silence_stderr
 from meshlm.distributed.engine import Engine, to_float
 from meshlm.errors import ConfigError, DataError
 from meshlm.models import build_model
@@ -221,11 +221,17 @@ class Trainer:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         counter = CommCounter()
-        with profile(activities=activities) as prof:
+        prof = profile(activities=activities)
+        with silence_stderr():  # kineto prints a line at start and at stop
+            prof.start()
+        try:
             start = time.perf_counter()
             with counter:
                 record = self.train_step()
             seconds = time.perf_counter() - start
+        finally:
+            with silence_stderr():
+                prof.stop()
         self.comm_stats = {**counter.summary(), "comm_share": min(comm_time_from_profile(prof) / seconds, 1.0)}
         return record
 
