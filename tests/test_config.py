@@ -67,7 +67,7 @@ def test_every_key_is_documented():
 
 def test_published_flavour_sizes():
     # Parameter counts of the released checkpoints (billions, from their model cards / safetensors index).
-    published = {"llama3-8b": 8.03, "llama3-70b": 70.55, "llama3-405b": 405.85, "qwen2.5-7b": 7.62,
+    published = {"llama3-8b": 8.03, "llama3-70b": 70.55, "llama3-405b": 405.85, "qwen2.5-7b": 7.62, "llama3.2-1b": 1.24,
                  "mistral-7b": 7.25}
     for name, billions in published.items():
         assert flavor_config(name).num_params() / 1e9 == pytest.approx(billions, abs=0.01), name

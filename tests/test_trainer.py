@@ -122,3 +122,14 @@ def test_init_from_checkpoint_starts_from_its_weights(debug_dataset, tmp_path):
     tuned = _trainer(cfg, tmp_path / "tuned")
     assert tuned.step == 0 and not tuned.optimizers[0].state
     assert weights_sha256(tuned.model) == weights_sha256(source.model)
+
+
+def test_compiled_blocks_train_like_eager(debug_dataset, tmp_path):
+    """training.compile compiles each block (inductor, CPU C++ codegen): same losses as eager within fp32
+    rounding (fused kernels reorder sums)."""
+    losses = {}
+    for compiled in (False, True):
+        cfg = _cfg(debug_dataset, f"training.compile={str(compiled).lower()}", "checkpoint.enabled=false")
+        trainer = _trainer(cfg, tmp_path / str(compiled))
+        losses[compiled] = [trainer.train_step()["loss"] for _ in range(2)]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)

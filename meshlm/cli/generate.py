@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         if bad:
             raise ConfigError(f"--prompt-ids: {bad[0]} is outside the vocabulary [0, {cfg.model.vocab_size})")
     else:
-        prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt or "")
+        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []  # e.g. Qwen's tokenizer has no bos
+        prompt = bos + tokenizer.encode(args.prompt or "")
     for i in range(args.num_samples):
         new = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, greedy=args.greedy, eos_id=tokenizer.eos_id, seed=args.seed + i,

@@ -24,6 +24,9 @@ FLAVORS: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(dim=4096, n_layers=32, n_heads=32, ffn_hidden_dim=14336, **_LLAMA3),
     "llama3-70b": dict(dim=8192, n_layers=80, n_heads=64, ffn_hidden_dim=28672, **_LLAMA3),
     "llama3-405b": dict(dim=16384, n_layers=126, n_heads=128, ffn_hidden_dim=53248, **_LLAMA3),
+    # Llama 3.2 1B: a size one GPU trains comfortably (the GPU benchmark's default).
+    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, ffn_hidden_dim=8192, tie_embeddings=True,
+                        **{**_LLAMA3, "rope_scaling_factor": 32.0}),
     "qwen2.5-7b": dict(dim=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn_hidden_dim=18944, vocab_size=152064,
                        norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, max_seq_len=32768),
     # Mistral 7B v0.3.

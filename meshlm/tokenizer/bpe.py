@@ -11,10 +11,16 @@ builds sequences (the data pipeline appends ``eos_id``, chat templates insert ro
 text (``"<|assistant|>"``) is split into ordinary byte-level tokens, so user text cannot inject a role marker.
 That switch is a runtime setting that `tokenizers` does not save in ``tokenizer.json``; this class sets it on
 every construction path (``train``, ``load``, ``from_str``).
+
+A *foreign* tokenizer (e.g. the Hugging Face ``tokenizer.json`` of a model imported with ``meshlm convert
+from-hf``) has other special tokens. :meth:`MeshTokenizer.load` recognises one by a ``tokenizer_meta.json``
+beside the ``tokenizer.json`` naming its bos/eos/pad tokens (bos and pad may be absent, e.g. Qwen has no bos);
+``encode_special_tokens`` is switched on for it too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -36,23 +42,37 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 NUM_BYTE_TOKENS = 256
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + NUM_BYTE_TOKENS
 MAX_VOCAB_SIZE = 2**32
+TOKENIZER_META = "tokenizer_meta.json"  # beside a foreign tokenizer.json: {"bos_token", "eos_token", "pad_token"}
+_MESHLM_ROLES = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>"}
 
 
 class MeshTokenizer:
-    """A byte-level BPE tokenizer with meshlm's special tokens; wraps a ``tokenizers.Tokenizer``."""
+    """A byte-level BPE tokenizer with meshlm's special tokens (or a foreign one's, see the module docstring);
+    wraps a ``tokenizers.Tokenizer``."""
 
-    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>") -> None:
-        added = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-        missing = [s for s in SPECIAL_TOKENS if s not in added]
-        if missing:
-            raise DataError(
-                f"tokenizer {source} lacks the meshlm special tokens {missing}; "
-                "train one with `meshlm prepare` (omit --tokenizer) or pass a tokenizer.json written by meshlm"
-            )
+    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>",
+                 roles: dict[str, str | None] | None = None) -> None:
+        """``roles`` maps "bos"/"eos"/"pad" to token strings for a foreign tokenizer; None means meshlm's."""
+        if roles is None:
+            added = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+            missing = [s for s in SPECIAL_TOKENS if s not in added]
+            if missing:
+                raise DataError(
+                    f"tokenizer {source} lacks the meshlm special tokens {missing}; "
+                    "train one with `meshlm prepare` (omit --tokenizer) or pass a tokenizer.json written by meshlm"
+                )
+            specials, roles = SPECIAL_TOKENS, _MESHLM_ROLES
+        else:
+            specials = tuple(t for t in roles.values() if t)
+            missing = [t for t in specials if tokenizer.token_to_id(t) is None]
+            if missing or not roles.get("eos"):
+                problem = f"names tokens {missing} that are not in the vocabulary" if missing else "names no eos_token"
+                raise DataError(f"tokenizer {source}: {TOKENIZER_META} {problem}; fix it or convert the model again")
         # Special-token strings in text are encoded as plain text (see the module docstring).
         tokenizer.encode_special_tokens = True
         self._tok = tokenizer
-        self._special_ids = {s: tokenizer.token_to_id(s) for s in SPECIAL_TOKENS}
+        self._special_ids = {s: tokenizer.token_to_id(s) for s in specials}
+        self._role_ids = {role: tokenizer.token_to_id(t) if t else None for role, t in roles.items()}
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
     # --- construction ---------------------------------------------------------------------------------------
@@ -77,12 +97,13 @@ class MeshTokenizer:
         return cls(tok)
 
     @classmethod
-    def from_str(cls, json_text: str, source: str = "<string>") -> MeshTokenizer:
+    def from_str(cls, json_text: str, source: str = "<string>",
+                 roles: dict[str, str | None] | None = None) -> MeshTokenizer:
         try:
             tok = Tokenizer.from_str(json_text)
         except Exception as e:  # tokenizers raises plain Exception subclasses with Rust messages
             raise DataError(f"tokenizer {source} is not a valid tokenizer.json ({e}); re-run `meshlm prepare`") from e
-        return cls(tok, source=source)
+        return cls(tok, source=source, roles=roles)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> MeshTokenizer:
@@ -93,7 +114,7 @@ class MeshTokenizer:
             raise DataError(f"tokenizer file {path} does not exist; pass the tokenizer.json of a prepared dataset")
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"cannot read tokenizer file {path} ({e}); check the path and its permissions") from e
-        return cls.from_str(text, source=str(path))
+        return cls.from_str(text, source=str(path), roles=_read_roles(path.with_name(TOKENIZER_META)))
 
     def to_str(self) -> str:
         return self._tok.to_str(pretty=True)
@@ -136,16 +157,18 @@ class MeshTokenizer:
         return self._vocab_size
 
     @property
-    def pad_id(self) -> int:
-        return self._special_ids["<|pad|>"]
+    def pad_id(self) -> int | None:
+        """None only for a foreign tokenizer without a pad token."""
+        return self._role_ids.get("pad")
 
     @property
-    def bos_id(self) -> int:
-        return self._special_ids["<|bos|>"]
+    def bos_id(self) -> int | None:
+        """None only for a foreign tokenizer without a bos token (e.g. Qwen's)."""
+        return self._role_ids.get("bos")
 
     @property
     def eos_id(self) -> int:
-        return self._special_ids["<|eos|>"]
+        return self._role_ids["eos"]
 
     @property
     def special_ids(self) -> dict[str, int]:
@@ -158,3 +181,15 @@ class MeshTokenizer:
 
     def __repr__(self) -> str:
         return f"MeshTokenizer(vocab_size={self._vocab_size})"
+
+
+def _read_roles(meta_path: Path) -> dict[str, str | None] | None:
+    """The bos/eos/pad token strings of a foreign tokenizer from its ``tokenizer_meta.json``; None if absent."""
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        return {role: meta.get(f"{role}_token") for role in ("bos", "eos", "pad")}
+    except (OSError, ValueError, AttributeError) as e:
+        raise DataError(f"cannot read {meta_path} ({e}); fix or delete it (it names the tokenizer's bos/eos/pad "
+                        "tokens)") from e
