@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+from meshlm.errors import DataError
+
+# (metrics.jsonl key, panel title, y label) for the 2x2 panels of `meshlm plot`; loss also draws eval_loss.
+CURVE_PANELS = (
+    ("loss", "loss", "nats/token"),
+    ("lr", "learning rate", "lr"),
+    ("tokens_per_s", "throughput", "tokens/s"),
+    ("memory_gib", "peak memory", "GiB"),
+)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -16,6 +26,57 @@ def read_metrics(run_dir: Path) -> list[dict]:
         except ValueError:
             continue
     return records
+
+
+def _save(fig, out: Path) -> None:
+    """Write the figure atomically (temp file + rename) and close it."""
+    import matplotlib.pyplot as plt
+
+    tmp = out.with_name(out.stem + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out)
+
+
+def plot_curves(run_dirs: list[Path], out: Path) -> Path:
+    """Loss (+ held-out loss), learning rate, throughput and memory of each run, overlaid and labelled by folder
+    name, as 2x2 panels in one PNG. Raises DataError for a run without metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = []
+    for run_dir in map(Path, run_dirs):
+        records = [r for r in read_metrics(run_dir) if isinstance(r, dict) and "step" in r]
+        if not records:
+            what = "is empty" if (run_dir / "metrics.jsonl").is_file() else "does not exist"
+            raise DataError(f"{run_dir / 'metrics.jsonl'} {what}; pass run directories written by `meshlm train`")
+        runs.append((run_dir.resolve().name, records))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), dpi=110)
+    for ax, (key, title, ylabel) in zip(axes.flat, CURVE_PANELS):
+        for i, (label, records) in enumerate(runs):
+            color = f"C{i % 10}"
+            _curve(ax, records, key, label, color, "-")
+            if key == "loss":
+                _curve(ax, records, "eval_loss", f"{label} (held-out)", color, "o--")
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"no '{key}' in metrics", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _save(fig, out)
+    return out
+
+
+def _curve(ax, records: list[dict], key: str, label: str, color: str, style: str) -> None:
+    points = [(r["step"], r[key]) for r in records
+              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    if points:
+        ax.plot(*zip(*points), style, color=color, label=label, markersize=3)
 
 
 def plot_loss(run_dir: Path, baseline: float | None = None) -> Path:
@@ -41,8 +102,5 @@ def plot_loss(run_dir: Path, baseline: float | None = None) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(out)
+    _save(fig, out)
     return out

@@ -49,6 +49,8 @@ LAYOUTS = {
     "pp2xfsdp2": (4, sets(parallel__pp=2, parallel__dp_shard=2)),
     "pp2xtp2": (4, sets(parallel__pp=2, parallel__tp=2, parallel__dp_shard=1)),
     "pp2xfsdp2xtp2": (8, sets(parallel__pp=2, parallel__dp_shard=2, parallel__tp=2)),
+    "fsdp2-selective-ac": (2, sets(parallel__dp_shard=2, training__activation_checkpointing="selective")),
+    "pp2-full-ac": (2, sets(parallel__pp=2, parallel__dp_shard=1, training__activation_checkpointing="full")),
 }
 
 
@@ -62,6 +64,15 @@ def test_layout_matches_single_device(name, debug_dataset):
     assert report["ok"], report
     assert [r["step"] for r in report["steps"]] == [1, 2, 3, 4]
     assert report["max_loss_rel_diff"] < 1e-5  # far inside the documented bound: a real regression shows
+
+
+def test_bf16_fsdp_tracks_the_single_device_bf16_run(debug_dataset):
+    """Mixed precision under FSDP2 (bf16 all-gathered params, fp32 reduce and master weights) against bf16
+    autocast on one device: equal to bf16 rounding (the documented low-precision bound, 1e-2 relative)."""
+    out = meshlm("diagnose", "parity", CFG, "--nproc", "2", "--steps", "3", *sets(parallel__dp_shard=2,
+                 training__precision="bf16"), "--loss-rtol", "1e-2", "--grad-norm-rtol", "5e-2", "--json")
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["ok"], report
 
 
 def test_fsdp_collective_bytes_are_exact(debug_dataset, tmp_path):

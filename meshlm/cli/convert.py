@@ -1,5 +1,57 @@
-"""Placeholder: being written (remove from meshlm/cli/main.py if it does not land)."""
+"""``meshlm convert from-hf HF_DIR OUT`` and ``meshlm convert to-hf CHECKPOINT OUT_DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
 
 
 def register(sub, add_config_args) -> None:
-    pass
+    p = sub.add_parser("convert", help="convert checkpoints to and from Hugging Face format")
+    conv = p.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
+
+    src = conv.add_parser("from-hf", help="a local HF model folder -> a meshlm run directory")
+    src.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, *.safetensors and tokenizer.json")
+    src.add_argument("out", metavar="OUT", help="the run directory to create (config.resolved.toml + checkpoints/)")
+    src.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    src.add_argument("--json", action="store_true", help="print the result as JSON")
+    src.set_defaults(handler=run_from_hf)
+
+    dst = conv.add_parser("to-hf", help="a meshlm checkpoint -> an HF model folder (from_pretrained loads it)")
+    dst.add_argument("checkpoint", metavar="CHECKPOINT", help="a run directory (newest valid checkpoint) or a "
+                     "step folder, written by any parallel layout")
+    dst.add_argument("out_dir", metavar="OUT_DIR", help="the HF folder to create")
+    dst.add_argument("--max-shard-size", default="5GB", help="split model.safetensors into shards of at most "
+                     "this size (5GB = 5*10^9 bytes, 5GiB = 5*2^30), with model.safetensors.index.json")
+    dst.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    dst.add_argument("--json", action="store_true", help="print the result as JSON")
+    dst.set_defaults(handler=run_to_hf)
+
+
+def run_from_hf(args: argparse.Namespace) -> int:
+    from meshlm.interop import convert_from_hf
+
+    result = convert_from_hf(args.hf_dir, args.out, overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    for note in result["notes"]:
+        print(f"note: {note}")
+    print(f"converted {result['architecture']} ({result['num_params']:,} parameters) -> {result['checkpoint']}")
+    print(f"try: meshlm generate --checkpoint {args.out} --prompt \"Hello\" --greedy")
+    return 0
+
+
+def run_to_hf(args: argparse.Namespace) -> int:
+    from meshlm.interop import convert_to_hf
+    from meshlm.interop.hf_files import parse_size
+
+    result = convert_to_hf(args.checkpoint, args.out_dir, max_shard_bytes=parse_size(args.max_shard_size),
+                           overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"wrote {result['architecture']} ({result['num_params']:,} parameters, "
+          f"{len([f for f in result['weight_files'] if f.endswith('.safetensors')])} weight file(s)) "
+          f"from {result['checkpoint']} -> {result['out']}")
+    return 0

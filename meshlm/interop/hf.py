@@ -1,0 +1,203 @@
+"""Hugging Face checkpoints in and out: ``convert_from_hf`` and ``convert_to_hf``.
+
+Tensor names map one to one (no permutation: meshlm uses HF's rotate-half RoPE layout, see docs/model.md), and
+every tensor is checked for presence and shape before anything is written. Both directions write into a temp
+folder next to OUT and rename it into place, so a failure leaves nothing at OUT. See docs/interop.md.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from meshlm.errors import CheckpointError
+from meshlm.interop.hf_config import hf_config_from_model, model_config_from_hf
+from meshlm.interop.hf_files import (
+    SafetensorsWeights,
+    atomic_folder,
+    check_output,
+    read_json,
+    write_json,
+    write_safetensors,
+)
+from meshlm.interop.hf_tokenizer import hf_tokenizer_config, load_hf_tokenizer, read_meta, tokenizer_meta
+from meshlm.models.config import ModelConfig
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # "5GB", transformers' default
+
+# meshlm name -> HF name. Per layer (under layers.<i> / model.layers.<i>), then the rest.
+_LAYER_NAMES = {
+    "attention_norm.weight": "input_layernorm.weight",
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wq.bias": "self_attn.q_proj.bias",
+    "attention.wk.bias": "self_attn.k_proj.bias",
+    "attention.wv.bias": "self_attn.v_proj.bias",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+}
+_OTHER_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight"}
+_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
+# Tensors older HF checkpoints carry that are derived, not learned: skipped on import.
+_DERIVED = re.compile(r"\.rotary_emb\.inv_freq$")
+
+
+def hf_name(name: str) -> str:
+    """The HF name of a meshlm state-dict key, e.g. layers.3.attention.wq.weight -> model.layers.3.self_attn.q_proj.weight."""
+    if name in _OTHER_NAMES:
+        return _OTHER_NAMES[name]
+    match = _LAYER_KEY.match(name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    raise KeyError(f"no HF name for meshlm tensor '{name}'")
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """meshlm name -> shape of every stored tensor (a tied output head is the embedding, so not listed)."""
+    from meshlm.models.llama import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        del shapes["output.weight"]
+    return shapes
+
+
+# ------------------------------------------------------------------------------------------------- import
+def convert_from_hf(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """Write the HF model in ``hf_dir`` as a meshlm run directory ``out`` (config.resolved.toml +
+    checkpoints/step-00000000/), usable by ``meshlm generate/inspect`` and ``checkpoint.init_from``."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    if not hf_dir.is_dir():
+        raise CheckpointError(f"'{hf_dir}' is not a folder; pass a Hugging Face model folder (config.json, "
+                              "*.safetensors, tokenizer.json)")
+    hf_config = read_json(hf_dir / "config.json", "pass the folder written by save_pretrained")
+    cfg, notes = model_config_from_hf(hf_config, hf_dir / "config.json")
+    weights = SafetensorsWeights(hf_dir)
+    hf_names = _check_tensors(weights, cfg)
+    tokenizer = load_hf_tokenizer(hf_dir)
+    meta = tokenizer_meta(hf_dir, tokenizer, hf_config, cfg.vocab_size)
+    check_output(out, overwrite, [hf_dir])
+
+    model = _load_model(cfg, weights, hf_names)
+    arch = hf_config["architectures"][0] if hf_config.get("architectures") else "(from model_type)"
+    meta["converted_from"] = {"format": "huggingface", "architecture": arch, "path": str(hf_dir.resolve())}
+    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory() as staging:
+        extra = {"tokenizer.json": hf_dir / "tokenizer.json",
+                 "tokenizer_meta.json": Path(staging) / "tokenizer_meta.json"}
+        write_json(extra["tokenizer_meta.json"], meta)
+        if (hf_dir / "tokenizer_config.json").is_file():  # kept for the round trip (chat template, classes)
+            extra["tokenizer_config.json"] = hf_dir / "tokenizer_config.json"
+        ckpt = _save_run_dir(tmp, model, cfg, meta["converted_from"], extra)
+    return {"out": str(out), "checkpoint": str(out / ckpt.relative_to(tmp)), "architecture": arch,
+            "num_params": model.num_params(), "notes": notes}
+
+
+def _check_tensors(weights: SafetensorsWeights, cfg: ModelConfig) -> dict[str, str]:
+    """meshlm name -> HF name for every expected tensor, each present with the right shape; nothing unknown."""
+    names = {}
+    for name, shape in expected_shapes(cfg).items():
+        hf = hf_name(name)
+        if hf not in weights.entries:
+            raise CheckpointError(f"tensor '{hf}' is missing from the weights; the files do not match "
+                                  "config.json (or the download is incomplete)")
+        found = weights.entries[hf][1]
+        if found != shape:
+            raise CheckpointError(f"tensor '{hf}' has shape {list(found)}, config.json implies {list(shape)}; the "
+                                  "weights and config.json do not belong together")
+        weights.check_float(hf)
+        names[name] = hf
+    ignorable = {"lm_head.weight"} if cfg.tie_embeddings else set()  # HF ties it to the embedding on load too
+    unknown = sorted(n for n in weights.entries if n not in names.values() and n not in ignorable
+                     and not _DERIVED.search(n))
+    if unknown:
+        raise CheckpointError(f"tensor '{unknown[0]}' (and {len(unknown) - 1} more) has no meshlm counterpart; "
+                              "this variant of the architecture is not supported")
+    return names
+
+
+def _load_model(cfg: ModelConfig, weights: SafetensorsWeights, hf_names: dict[str, str]) -> torch.nn.Module:
+    """The meshlm model with the HF weights, in fp32 (bf16/fp16 weights upcast exactly)."""
+    from meshlm.models.llama import Transformer, precompute_rope
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device="cpu")  # no random init: every parameter is overwritten below
+    model.rope_cos, model.rope_sin = precompute_rope(cfg, cfg.max_seq_len)  # non-persistent buffers
+    params = dict(model.named_parameters(remove_duplicate=False))
+    by_hf = {hf: name for name, hf in hf_names.items()}
+    with torch.no_grad():
+        for hf, tensor in weights.load(list(by_hf)):
+            params[by_hf[hf]].copy_(tensor.to(torch.float32))
+    model.eval()
+    return model
+
+
+def _save_run_dir(run_dir: Path, model: torch.nn.Module, cfg: ModelConfig, source: dict[str, Any],
+                  extra_files: dict[str, Path]) -> Path:
+    from meshlm.checkpoint.manager import CheckpointManager
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.train.run_dir import RESOLVED
+
+    job = load_config(None)
+    job.model = cfg
+    job.data.seq_len = min(job.data.seq_len, cfg.max_seq_len)
+    job.validate()
+    toml = config_to_toml(job)
+    (run_dir / RESOLVED).write_text(toml, encoding="utf-8")
+    state = {"tokens_seen": 0, "converted_from": source}
+    return CheckpointManager(run_dir, keep_last=1).save(0, [model], None, state, toml, extra_files=extra_files)
+
+
+# ------------------------------------------------------------------------------------------------- export
+def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                  overwrite: bool = False) -> dict[str, Any]:
+    """Write a meshlm checkpoint (run dir or step folder, any parallel layout) as an HF folder that
+    ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code."""
+    from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
+    from meshlm.tokenizer import MeshTokenizer
+
+    out_dir = Path(out_dir)
+    ckpt = resolve_checkpoint(checkpoint)
+    check_output(out_dir, overwrite, [Path(checkpoint), ckpt])
+    if not (ckpt / "tokenizer.json").is_file():
+        raise CheckpointError(f"checkpoint {ckpt} has no tokenizer.json; it cannot be exported with its tokenizer")
+    model, job, _, ckpt = model_from_checkpoint(ckpt)
+    cfg = job.model
+    tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")  # reads tokenizer_meta.json when converted from HF
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(f"{ckpt / 'tokenizer.json'} has {tokenizer.vocab_size} tokens, more than the "
+                              f"model's {cfg.vocab_size} embedding rows; the checkpoint is inconsistent")
+    meta = read_meta(ckpt) or {}
+    eos_ids = meta.get("eos_ids") or [tokenizer.eos_id]
+    config = hf_config_from_model(cfg, tokenizer.bos_id, eos_ids, tokenizer.pad_id)
+    tensors = {hf_name(name): t.detach().to(torch.float32).contiguous().clone()  # clone: no shared storage
+               for name, t in model.state_dict().items() if not (cfg.tie_embeddings and name == "output.weight")}
+    with atomic_folder(out_dir) as tmp:
+        write_json(tmp / "config.json", config)
+        write_json(tmp / "generation_config.json", {key: config[key] for key in
+                                                    ("bos_token_id", "eos_token_id", "pad_token_id")})
+        files = write_safetensors(tensors, tmp, max_shard_bytes)
+        shutil.copyfile(ckpt / "tokenizer.json", tmp / "tokenizer.json")
+        if (ckpt / "tokenizer_config.json").is_file():
+            shutil.copyfile(ckpt / "tokenizer_config.json", tmp / "tokenizer_config.json")
+        else:
+            token = tokenizer.backend.id_to_token
+            write_json(tmp / "tokenizer_config.json", hf_tokenizer_config(
+                token(tokenizer.bos_id) if tokenizer.bos_id is not None else None, token(tokenizer.eos_id),
+                token(tokenizer.pad_id) if tokenizer.pad_id is not None else None, cfg.max_seq_len))
+    return {"out": str(out_dir), "checkpoint": str(ckpt), "architecture": config["architectures"][0],
+            "num_params": model.num_params(), "weight_files": files}

@@ -1,0 +1,192 @@
+"""Hugging Face ``config.json`` <-> meshlm :class:`~meshlm.models.config.ModelConfig`.
+
+Read side: every field of the ModelConfig is set from the HF config (flavour "debug" is only the base the
+loader starts from), and anything meshlm cannot compute exactly is refused with the key that causes it.
+Write side: the architecture follows the flags (qk_norm -> Qwen3, qkv_bias -> Qwen2, else Llama), and the RoPE
+settings are written both in the transformers 5 form (``rope_parameters``) and the 4.x form (``rope_theta`` +
+``rope_scaling``) so either version loads the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from meshlm.errors import CheckpointError, ConfigError
+from meshlm.models.config import ModelConfig
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                "Qwen3ForCausalLM": "qwen3"}
+
+
+def architecture_of(hf: dict[str, Any], source: Path) -> str:
+    """The single supported architecture named by ``architectures`` (or ``model_type``) in config.json."""
+    names = hf.get("architectures") or []
+    if not names and hf.get("model_type") in _MODEL_TYPES.values():
+        names = [arch for arch, mtype in _MODEL_TYPES.items() if mtype == hf["model_type"]]
+    if len(names) != 1 or names[0] not in SUPPORTED_ARCHITECTURES:
+        raise CheckpointError(f"{source}: unsupported architecture {names or hf.get('model_type')}; meshlm converts "
+                              f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    return names[0]
+
+
+def model_config_from_hf(hf: dict[str, Any], source: Path) -> tuple[ModelConfig, list[str]]:
+    """(the ModelConfig, notes for the user) from a parsed config.json; refuses what meshlm cannot run exactly."""
+    arch = architecture_of(hf, source)
+    _refuse_unsupported(hf, arch, source)
+    dim, n_heads = _req(hf, "hidden_size", source), _req(hf, "num_attention_heads", source)
+    max_len, notes = _context_length(hf, arch, source)
+    rope = _rope_fields(hf, source)
+    cfg = ModelConfig(
+        flavor="debug",  # only the loader's base: every field below is explicit
+        dim=dim,
+        n_layers=_req(hf, "num_hidden_layers", source),
+        n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        head_dim=hf.get("head_dim") or dim // n_heads,
+        ffn_hidden_dim=_req(hf, "intermediate_size", source),
+        vocab_size=_req(hf, "vocab_size", source),
+        max_seq_len=max_len,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        qkv_bias=arch == "Qwen2ForCausalLM",
+        qk_norm=arch == "Qwen3ForCausalLM",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        init_std=float(hf.get("initializer_range", 0.02)),
+        **rope,
+    )
+    try:
+        cfg.validate()
+    except ConfigError as exc:
+        raise CheckpointError(f"{source}: the model shape is not valid for meshlm ({exc})") from None
+    return cfg, notes
+
+
+def _req(hf: dict[str, Any], key: str, source: Path) -> Any:
+    if not isinstance(hf.get(key), int) or isinstance(hf.get(key), bool):
+        raise CheckpointError(f"{source}: '{key}' is missing or not an integer; is this a complete config.json?")
+    return hf[key]
+
+
+def _refuse_unsupported(hf: dict[str, Any], arch: str, source: Path) -> None:
+    """Settings that would change the computation in ways the meshlm decoder does not implement."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{source}: hidden_act '{hf['hidden_act']}' is not supported (meshlm's MLP is SwiGLU "
+                              "with silu)")
+    # Llama/Mistral/Qwen3 `attention_bias` also puts a bias on o_proj, which meshlm's wo never has (Qwen2's
+    # q/k/v bias is implied by the architecture and handled by qkv_bias).
+    if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
+        raise CheckpointError(f"{source}: attention_bias = true (a bias on q/k/v/o projections) is not supported "
+                              f"for {arch}; meshlm has q/k/v bias only in the Qwen2 layout")
+    if hf.get("mlp_bias"):
+        raise CheckpointError(f"{source}: mlp_bias = true is not supported (meshlm's MLP has no bias)")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if hf.get(key):
+            raise CheckpointError(f"{source}: '{key}' = {hf[key]}: Mixture-of-Experts models are not supported")
+    if hf.get("partial_rotary_factor", 1.0) != 1.0:
+        raise CheckpointError(f"{source}: partial_rotary_factor {hf['partial_rotary_factor']} is not supported "
+                              "(meshlm rotates the whole head)")
+
+
+def _context_length(hf: dict[str, Any], arch: str, source: Path) -> tuple[int, list[str]]:
+    """model.max_seq_len: max_position_embeddings, clamped to a sliding window when one is active.
+
+    meshlm has no sliding-window attention. Within the window, sliding-window and full causal attention are
+    the same computation (HF masks key j for query i only when i - j >= window), so clamping the context to the
+    window keeps the converted model exact everywhere meshlm lets it run, instead of silently differing beyond.
+    """
+    max_len = _req(hf, "max_position_embeddings", source)
+    window = hf.get("sliding_window")
+    if arch == "Qwen2ForCausalLM" or arch == "Qwen3ForCausalLM":
+        layer_types = hf.get("layer_types") or []
+        active = hf.get("use_sliding_window", False) or "sliding_attention" in layer_types
+        window = window if active else None
+    if window and window < max_len:
+        note = (f"{arch} uses a sliding attention window of {window} tokens and meshlm has no sliding window: "
+                f"model.max_seq_len is set to {window} (not {max_len}), where both are the same computation")
+        return int(window), [note]
+    return max_len, []
+
+
+def _rope_fields(hf: dict[str, Any], source: Path) -> dict[str, Any]:
+    """RoPE settings. transformers 5 writes ``rope_parameters`` (with rope_theta inside); 4.x wrote top-level
+    ``rope_theta`` and ``rope_scaling`` (with ``type`` in old files). Like transformers 5, rope_scaling wins."""
+    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    fields: dict[str, Any] = {"rope_theta": theta, "rope_scaling": "none"}
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    for key in ("rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"):
+        fields[key] = defaults[key]  # unused without scaling, but explicit in the written config
+    if rope_type == "default":
+        return fields
+    if rope_type != "llama3":
+        raise CheckpointError(f"{source}: RoPE scaling '{rope_type}' is not supported; meshlm implements none "
+                              "and llama3 (Llama 3.1)")
+    try:
+        fields.update(rope_scaling="llama3", rope_scaling_factor=float(params["factor"]),
+                      rope_low_freq_factor=float(params["low_freq_factor"]),
+                      rope_high_freq_factor=float(params["high_freq_factor"]),
+                      rope_original_max_len=int(params.get("original_max_position_embeddings")
+                                                or hf.get("original_max_position_embeddings")
+                                                or hf["max_position_embeddings"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: llama3 RoPE scaling lacks or mistypes {exc}; expected factor, "
+                              "low_freq_factor, high_freq_factor, original_max_position_embeddings") from None
+    return fields
+
+
+# ----------------------------------------------------------------------------------------------- write side
+def hf_architecture(cfg: ModelConfig) -> str:
+    if cfg.qk_norm and cfg.qkv_bias:
+        raise CheckpointError("the model has both qk_norm and qkv_bias; no Hugging Face architecture has exactly "
+                              "that (Qwen3 with attention_bias also adds an o_proj bias)")
+    return "Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+
+
+def hf_config_from_model(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int] | None,
+                         pad_id: int | None) -> dict[str, Any]:
+    """A config.json that transformers 4.45+ and 5.x load with no custom code."""
+    arch = hf_architecture(cfg)
+    rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    rope_scaling = None
+    if cfg.rope_scaling == "llama3":
+        rope_scaling = {"rope_type": "llama3", "factor": cfg.rope_scaling_factor,
+                        "low_freq_factor": cfg.rope_low_freq_factor, "high_freq_factor": cfg.rope_high_freq_factor,
+                        "original_max_position_embeddings": cfg.rope_original_max_len}
+        rope_parameters = {**rope_scaling, "rope_theta": cfg.rope_theta}
+    eos = None if not eos_ids else eos_ids[0] if len(eos_ids) == 1 else list(eos_ids)
+    out: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": _MODEL_TYPES[arch],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_hidden_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.resolved_head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": rope_scaling,
+        "rope_parameters": rope_parameters,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": 0.0,
+        "initializer_range": cfg.init_std,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos,
+        "pad_token_id": pad_id,
+        "use_cache": True,
+        "dtype": "float32",
+        "torch_dtype": "float32",
+    }
+    if arch == "LlamaForCausalLM":
+        out.update(attention_bias=False, mlp_bias=False)
+    else:  # Qwen2 / Qwen3: full attention in every layer
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers)
+        if arch == "Qwen3ForCausalLM":
+            out.update(attention_bias=False)
+    return out
