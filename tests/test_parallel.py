@@ -45,6 +45,8 @@ LAYOUTS = {
     "pp2-gpipe": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="gpipe")),
     "pp2-1f1b": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="1f1b")),
     "pp2-interleaved": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="interleaved-1f1b")),
+    "pp2-interleaved-zb": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="interleaved-zb")),
+    "pp2-zbv": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="zbv")),
     "fsdp2xtp2": (4, sets(parallel__dp_shard=2, parallel__tp=2)),
     "pp2xfsdp2": (4, sets(parallel__pp=2, parallel__dp_shard=2)),
     "pp2xtp2": (4, sets(parallel__pp=2, parallel__tp=2, parallel__dp_shard=1)),
