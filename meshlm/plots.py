@@ -50,9 +50,12 @@ def plot_curves(run_dirs: list[Path], out: Path) -> Path:
     for run_dir in map(Path, run_dirs):
         records = [r for r in read_metrics(run_dir) if isinstance(r, dict) and "step" in r]
         if not records:
-            what = "is empty" if (run_dir / "metrics.jsonl").is_file() else "does not exist"
+            what = "holds no metric records" if (run_dir / "metrics.jsonl").is_file() else "does not exist"
             raise DataError(f"{run_dir / 'metrics.jsonl'} {what}; pass run directories written by `meshlm train`")
-        runs.append((run_dir.resolve().name, records))
+        runs.append((run_dir.resolve(), records))
+    names = [path.name for path, _ in runs]  # two runs both called "run": label them parent/run
+    runs = [(path.name if names.count(path.name) == 1 else f"{path.parent.name}/{path.name}", records)
+            for path, records in runs]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), dpi=110)
     for ax, (key, title, ylabel) in zip(axes.flat, CURVE_PANELS):
         for i, (label, records) in enumerate(runs):

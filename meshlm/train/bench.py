@@ -98,8 +98,7 @@ def _bench_hf(cfg: ModelConfig, data: dict, steps: int, warmup: int, compile: bo
     torch.manual_seed(0)
     model = LlamaForCausalLM(hf_cfg).to(dev)
     if compile:
-        for layer in model.model.layers:
-            layer.compile()
+        model.compile()  # whole model: compiling HF's layers one by one recompiles per layer index
 
     def loss_fn(m: nn.Module, batch: dict) -> torch.Tensor:
         logits = m(input_ids=batch["input_ids"]).logits

@@ -1,0 +1,214 @@
+"""Measured memory, for comparison with the planner: counted from the tensors themselves, on any device.
+
+- parameters, gradients and optimizer state: bytes of the *local* tensors of each rank (a DTensor counts its
+  local shard), counted right before the optimizer step (gradients) and right after it (parameters, state);
+- activations: bytes of the tensor storages created by the forward pass that are still alive when a backward
+  pass starts — what autograd saved (``saved_tensors_hooks`` sees the same set: a check in
+  tests/test_planner_measure.py), what activation checkpointing keeps (block inputs, the selective policy's
+  saved outputs) and what the pipeline schedule holds. The peak over the step's backward starts is reported,
+  so pipelined runs show their in-flight micro-batches;
+- total: the peak of all live tensor bytes over one training step (parameters, FSDP's gathered parameters,
+  gradients, optimizer state, activations, collective and temporary buffers); ``buffers`` is what the total
+  holds beyond the other four.
+
+A ``TorchDispatchMode`` sees every op's outputs and tracks their storages by weak reference (storages keep one
+Python object each, so a weak reference dies exactly when the memory is freed). Ops that DTensor runs inside
+its own dispatch are seen as one DTensor op, whose output's local tensor is tracked.
+
+In a run: ``MESHLM_MEASURE_MEMORY=1 meshlm train ...`` makes every rank write ``memory_measured.json`` into the
+run directory after its measured step (the trainer's second step; see :class:`MemoryProbe`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+ENV = "MESHLM_MEASURE_MEMORY"
+GIB = 2**30
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2 / TP), the tensor itself otherwise."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    t = local(t)
+    return t.numel() * t.element_size()
+
+
+def param_bytes(parts: Iterable[nn.Module]) -> int:
+    return sum(tensor_bytes(p) for part in parts for p in part.parameters())
+
+
+def grad_bytes(parts: Iterable[nn.Module]) -> int:
+    return sum(tensor_bytes(p.grad) for part in parts for p in part.parameters() if p.grad is not None)
+
+
+def optimizer_bytes(optimizers: Iterable[torch.optim.Optimizer]) -> int:
+    return sum(tensor_bytes(v) for opt in optimizers for state in opt.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor))
+
+
+def _gathered_params(parts: Iterable[nn.Module]) -> list[torch.Tensor]:
+    """FSDP2's unsharded parameters (their storage is resized to 0 between uses). Private API: skipped if it
+    moved, which only makes ``buffers`` smaller."""
+    out = []
+    for part in parts:
+        for module in part.modules():
+            get_state = getattr(module, "_get_fsdp_state", None)
+            if get_state is None:
+                continue
+            for group in getattr(get_state(), "_fsdp_param_groups", None) or []:
+                for fsdp_param in group.fsdp_params:
+                    unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                    if unsharded is not None:
+                        out.append(local(unsharded))
+    return out
+
+
+class MemoryMeter(TorchDispatchMode):
+    """Live tensor bytes by kind over a region (one training step)."""
+
+    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+        super().__init__()
+        self._live: dict[str, int] = {"static": 0, "activation": 0, "param_copy": 0, "other": 0}
+        self._seen: set[int] = set()
+        self._param_storages: set[int] = set()
+        self._resizable: list[weakref.ref] = []  # FSDP gathered params: counted at their current size
+        self._in_backward = False
+        self.forward_open = True  # set False once the optimizer step starts (nothing after it is activation)
+        self.peak_total = 0
+        self.peak_activations = 0
+        self.first_backward_activations: int | None = None
+        statics = [p for part in parts for p in part.parameters()] + [b for part in parts for b in part.buffers()]
+        statics += [v for opt in optimizers for s in opt.state.values() for v in s.values()
+                    if isinstance(v, torch.Tensor)]
+        for t in statics:
+            self._track(local(t), "static")
+            self._param_storages.add(id(local(t).untyped_storage()))
+        for t in _gathered_params(parts):
+            storage = t.untyped_storage()
+            self._param_storages.add(id(storage))
+            if id(storage) not in self._seen:
+                self._seen.add(id(storage))
+                self._resizable.append(weakref.ref(storage))
+
+    def _track(self, t: torch.Tensor, kind: str) -> None:
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self._seen or t.device.type == "meta":
+            return
+        self._seen.add(key)
+        nbytes = storage.nbytes()
+        self._live[kind] += nbytes
+        weakref.finalize(storage, self._release, key, kind, nbytes)
+
+    def _release(self, key: int, kind: str, nbytes: int) -> None:
+        self._seen.discard(key)
+        self._param_storages.discard(key)
+        self._live[kind] -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        in_backward = torch._C._current_graph_task_id() != -1
+        if in_backward and not self._in_backward:  # a backward pass starts: what forward left is held for it
+            held = self._live["activation"]
+            self.peak_activations = max(self.peak_activations, held)
+            if self.first_backward_activations is None:
+                self.first_backward_activations = held
+        self._in_backward = in_backward
+        out = func(*args, **kwargs)
+        kind = "other"
+        if self.forward_open and not in_backward:
+            kind = "activation"
+            if func is torch.ops.aten._to_copy.default and self._is_param(args[0]):
+                kind = "param_copy"  # autocast's low-precision copy of a weight: a buffer, not an activation
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(local(t), kind)
+        self.peak_total = max(self.peak_total, self.live_bytes())
+        return out
+
+    def _is_param(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and id(local(t).untyped_storage()) in self._param_storages
+
+    def live_bytes(self) -> int:
+        gathered = 0
+        for ref in self._resizable:
+            storage = ref()
+            if storage is not None:
+                gathered += storage.nbytes()
+        return sum(self._live.values()) + gathered
+
+
+class MemoryProbe:
+    """Measures one training step of a Trainer (the one it instruments for communication) and writes
+    ``memory_measured.json`` per rank. Created only when ``MESHLM_MEASURE_MEMORY`` is set."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.meter: MemoryMeter | None = None
+        self.result: dict[str, Any] = {}
+        self._grads = 0
+        for opt in trainer.optimizers:
+            opt.register_step_pre_hook(self._before_optimizer)
+
+    @classmethod
+    def from_env(cls, trainer) -> MemoryProbe | None:
+        return cls(trainer) if os.environ.get(ENV, "") not in ("", "0") else None
+
+    def _before_optimizer(self, optimizer, args, kwargs) -> None:
+        if self.meter is not None:
+            self.meter.forward_open = False
+            self._grads = grad_bytes(self.trainer.model_parts)
+
+    def __enter__(self) -> MemoryProbe:
+        self.meter = MemoryMeter(self.trainer.model_parts, self.trainer.optimizers)
+        self.meter.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        meter, self.meter = self.meter, None
+        meter.__exit__(*exc)
+        parts, opts = self.trainer.model_parts, self.trainer.optimizers
+        self.result = {
+            "params": param_bytes(parts), "grads": self._grads, "optimizer": optimizer_bytes(opts),
+            "activations": meter.peak_activations,
+            "activations_first_backward": meter.first_backward_activations or 0,
+            "total": meter.peak_total,
+        }
+        known = sum(self.result[k] for k in ("params", "grads", "optimizer", "activations"))
+        self.result["buffers"] = max(self.result["total"] - known, 0)
+
+    def write(self, run_dir: Path, comm: dict[str, Any]) -> Path:
+        engine = self.trainer.engine
+        record = {"rank": engine.rank, "pp_rank": engine.pp_rank,
+                  "coords": _coords(engine), "bytes": self.result,
+                  "comm_bytes_per_step": comm.get("comm_bytes_per_step"), "comm": comm.get("comm")}
+        path = Path(run_dir) / f"memory_measured.rank{engine.rank}.json"
+        path.write_text(json.dumps(record, indent=1))
+        return path
+
+
+def _coords(engine) -> dict[str, int]:
+    if engine.mesh is None:
+        return {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0}
+    return {name: engine.mesh[name].get_local_rank() if name in engine.mesh else 0
+            for name in ("pp", "dp_shard", "tp")} | {"dp_replicate": engine.dp_rank // engine.dims.dp_shard}
+
+
+def read_measured(run_dir: Path) -> list[dict[str, Any]]:
+    files = sorted(Path(run_dir).glob("memory_measured.rank*.json"),
+                   key=lambda p: int(p.stem.split("rank")[-1]))
+    return [json.loads(p.read_text()) for p in files]

@@ -1,0 +1,293 @@
+"""HF checkpoints in and out (meshlm/interop): logits and greedy ids equal to transformers, bitwise round trips,
+a checkpoint trained with FSDP converted out and back through the CLI, and one-line exit-2 answers to bad input.
+
+Tolerance: max |logits difference| < 1e-4 in fp32. Both sides compute the same operations in the same order
+(fp32 RMSNorm cast back before the weight, rotate-half RoPE with fp32 tables, sdpa attention), so the measured
+difference is 0 or a few ulps (see docs/interop.md); 1e-4 (~1000 ulps at |logit| ~ 1) leaves room for another
+BLAS kernel or sdpa backend, and is orders of magnitude below what a wrong mapping gives (a swapped or
+untransposed weight, wrong RoPE pairing or a missing bias change logits by 1e-2 .. 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from safetensors import safe_open  # noqa: E402
+
+from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256  # noqa: E402
+from meshlm.errors import CheckpointError  # noqa: E402
+from meshlm.generate import generate  # noqa: E402
+from meshlm.interop import convert_from_hf, convert_to_hf  # noqa: E402
+from meshlm.tokenizer import MeshTokenizer  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+TOLERANCE = 1e-4
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=128, rms_norm_eps=1e-6)
+# name -> (config class, model class, config overrides, tokenizer specials (bos, eos), save_pretrained shard size)
+FAMILIES = {
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+               ("<|begin_of_text|>", "<|end_of_text|>"), None),
+    # vocab 512 > the tokenizer's 320: padded embedding rows, as Qwen ships them; no bos token, as Qwen.
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6, vocab_size=512),
+              (None, "<|endoftext|>"), None),
+    # head_dim 32 != hidden / heads = 16; saved in several shards.
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6), (None, "<|im_end|>"), "40KB"),
+    # sliding window 48 < 128 positions: meshlm clamps the context to the window (docs/interop.md).
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=48, head_dim=16), ("<s>", "</s>"), None),
+}
+SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<s>", "</s>"]
+TOKENIZER_VOCAB = 320
+
+
+def meshlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "meshlm", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    """A byte-level BPE with HF-style special tokens, trained on a few documents (exactly TOKENIZER_VOCAB)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from meshlm.data import embedded_documents
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(embedded_documents()[:40], trainer=trainer)
+    assert tok.get_vocab_size() == TOKENIZER_VOCAB
+    return tok
+
+
+def build_hf(family: str, hf_tokenizer, folder: Path, seed: int = 0):
+    """A tiny random HF model of `family` saved with its tokenizer in `folder`; returns the model (eval, fp32)."""
+    config_cls, model_cls, overrides, (bos, eos), shard = FAMILIES[family]
+    ids = {"bos_token_id": hf_tokenizer.token_to_id(bos) if bos else None, "eos_token_id": hf_tokenizer.token_to_id(eos)}
+    config = getattr(transformers, config_cls)(**{**SHAPE, "vocab_size": TOKENIZER_VOCAB, **overrides, **ids})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():  # HF initialises norms to 1 and biases to 0; randomise all so every mapping is tested
+        for name, param in model.named_parameters():
+            param.normal_(1.0, 0.1) if "norm" in name else param.normal_(0.0, 0.08)
+    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=hf_tokenizer, bos_token=bos, eos_token=eos)
+    fast.save_pretrained(folder)
+    return model
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            tensors.update({name: f.get_tensor(name) for name in f.keys()})
+    return tensors
+
+
+def hf_greedy(model, prompt: list[int], num_new: int) -> list[int]:
+    model.generation_config.eos_token_id = None  # never stop early: compare all num_new tokens
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=num_new, do_sample=False, pad_token_id=0)
+    assert out.shape[1] == len(prompt) + num_new
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_hf_family_logits_generation_and_round_trip(family, hf_tokenizer, tmp_path):
+    hf_dir, out, back = tmp_path / "hf", tmp_path / "meshlm", tmp_path / "hf-again"
+    reference = build_hf(family, hf_tokenizer, hf_dir)
+    if FAMILIES[family][4]:
+        assert (hf_dir / "model.safetensors.index.json").is_file()  # the sharded reader is exercised
+    result = convert_from_hf(hf_dir, out)
+    model, job, _, ckpt = model_from_checkpoint(out)
+    assert result["num_params"] == sum(p.numel() for p in reference.parameters())
+
+    seq = job.model.max_seq_len  # 48 for mistral (the window), else 128
+    tokens = torch.randint(0, reference.config.vocab_size, (2, seq), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (model(tokens) - reference(tokens).logits).abs().max().item()
+    assert diff < TOLERANCE, f"{family}: max |logits diff| {diff}"
+
+    prompt = [5, 17, 42, 99]
+    ours = generate(model, prompt, 20, greedy=True, eos_id=None)
+    assert ours == hf_greedy(reference, prompt, 20)
+
+    convert_to_hf(out, back)
+    original, exported = read_safetensors(hf_dir), read_safetensors(back)
+    assert exported.keys() == original.keys()  # a tied lm_head is absent from both
+    for name, tensor in original.items():
+        assert exported[name].dtype == tensor.dtype and torch.equal(exported[name], tensor), name
+    again, info = transformers.AutoModelForCausalLM.from_pretrained(back, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():  # (Mistral comes back as LlamaForCausalLM: the same computation within the window)
+        assert (again.eval()(tokens).logits - reference(tokens).logits).abs().max().item() < TOLERANCE
+
+    # The converted tokenizer: HF's specials as bos/eos, and special strings in text stay text.
+    tok, hf_tok = MeshTokenizer.load(ckpt / "tokenizer.json"), transformers.AutoTokenizer.from_pretrained(back)
+    assert (tok.bos_id, tok.eos_id) == (hf_tok.bos_token_id, hf_tok.eos_token_id)
+    assert tok.eos_id not in tok.encode(f"hi {hf_tok.eos_token} there")
+
+
+def test_mistral_window_clamps_context_and_says_so(hf_tokenizer, tmp_path):
+    build_hf("mistral", hf_tokenizer, tmp_path / "hf")
+    result = convert_from_hf(tmp_path / "hf", tmp_path / "out")
+    assert result["notes"] and "sliding attention window of 48" in result["notes"][0]
+    _, job, _, _ = model_from_checkpoint(tmp_path / "out")
+    assert job.model.max_seq_len == 48 and job.data.seq_len <= 48
+
+
+def test_fsdp_checkpoint_to_hf_and_back_through_the_cli(debug_dataset, tmp_path):
+    """Train with FSDP on 2 ranks, export, check transformers' logits; import again and sample via the CLI."""
+    run, hf_dir, back = tmp_path / "run", tmp_path / "hf", tmp_path / "back"
+    common = ["--set", "training.steps=2", "--set", "metrics.tensorboard=false", "--set", "training.eval_interval=0",
+              "--set", "data.seq_len=32"]
+    meshlm("train", "configs/debug.toml", "--nproc", "2", "--set", "parallel.dp_shard=2", *common,
+           "--run-dir", str(run))
+    meshlm("convert", "to-hf", str(run), str(hf_dir), "--max-shard-size", "600KB")
+    assert (hf_dir / "model.safetensors.index.json").is_file()
+    ours, job, _, _ = model_from_checkpoint(run)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    tokens = torch.randint(0, job.model.vocab_size, (2, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (ours(tokens) - hf(tokens).logits).abs().max().item() < TOLERANCE
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|bos|>", "<|eos|>", "<|pad|>")
+
+    meshlm("convert", "from-hf", str(hf_dir), str(back))
+    sample = json.loads(meshlm("generate", "--checkpoint", str(back), "--prompt-ids", "1,2,3", "--max-new-tokens",
+                               "16", "--greedy", "--json").stdout)
+    expected = hf.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=16, do_sample=False)[0].tolist()
+    assert sample["ids"] == expected  # both stop at eos (id 2) if they meet it
+    info = json.loads(meshlm("inspect", str(back), "--json").stdout)
+    assert info["step"] == 0 and info["weights_sha256"] == weights_sha256(ours)  # FSDP -> HF -> meshlm: bitwise
+
+    # Fine-tuning from the converted run directory (checkpoint.init_from) with its own config; a learning rate of
+    # 1e-12 leaves the weights where init_from put them (a random init would differ by ~0.02).
+    meshlm("train", str(back / "config.resolved.toml"), "--set", f'checkpoint.init_from="{back}"', *common,
+           "--set", "training.steps=1", "--set", "optimizer.lr=1e-12", "--run-dir", str(tmp_path / "tuned"))
+    tuned = model_from_checkpoint(tmp_path / "tuned")[0].state_dict()
+    assert max((tuned[k] - v).abs().max().item() for k, v in ours.state_dict().items()) < 1e-9
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def run_cli(args: list[str], capsys) -> tuple[int, str]:
+    from meshlm.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    return exc.value.code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def good_hf(hf_tokenizer, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("good") / "hf"
+    build_hf("llama3", hf_tokenizer, folder)
+    return folder
+
+
+def _copy(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
+    dst.mkdir()
+    for file in src.iterdir():
+        if file.name not in skip:
+            (dst / file.name).write_bytes(file.read_bytes())
+    return dst
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def _bad_folder(case: str, good: Path, tmp: Path) -> Path:
+    """A copy of the good HF folder broken in one way."""
+    bad = _copy(good, tmp / case, skip={"no_config": ("config.json",), "no_weights": ("model.safetensors",),
+                                        "no_tokenizer": ("tokenizer.json",)}.get(case, ()))
+    if case == "architecture":
+        _edit_json(bad / "config.json", architectures=["GPT2LMHeadModel"])
+    elif case == "shape":
+        _edit_json(bad / "config.json", intermediate_size=96)
+    elif case == "missing_tensor":
+        tensors = read_safetensors(good)
+        del tensors["model.layers.1.mlp.up_proj.weight"]
+        from safetensors.torch import save_file
+        save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    elif case == "vocab":  # a consistent model with fewer embedding rows than the tokenizer has tokens
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE, vocab_size=256)).save_pretrained(bad)
+    elif case == "pickle":
+        (bad / "model.safetensors").unlink()
+        (bad / "pytorch_model.bin").write_bytes(b"not loaded")
+    return bad
+
+
+BAD_CASES = {
+    "no_config": "has no config.json",
+    "no_weights": "has no weights",
+    "no_tokenizer": "has no tokenizer.json",
+    "architecture": "unsupported architecture ['GPT2LMHeadModel']; meshlm converts LlamaForCausalLM",
+    "shape": "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128, 64], config.json implies [96, 64]",
+    "missing_tensor": "tensor 'model.layers.1.mlp.up_proj.weight' is missing",
+    "vocab": "has 320 tokens but the model's embedding has 256 rows",
+    "pickle": "only pickle weights",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_hf_input_exits_2_with_one_line_and_writes_nothing(case, good_hf, tmp_path, capsys):
+    bad = _bad_folder(case, good_hf, tmp_path)
+    out = tmp_path / "out"
+    capsys.readouterr()  # only the command's own output counts
+    code, err = run_cli(["convert", "from-hf", str(bad), str(out)], capsys)
+    assert code == 2 and BAD_CASES[case] in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == [case]  # no temp folder left either
+
+
+def test_existing_output_is_refused_unless_overwrite(good_hf, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, err = run_cli(["convert", "from-hf", str(good_hf), str(out)], capsys)
+    assert code == 2 and "already exists; pass --overwrite" in err and (out / "keep.txt").read_text() == "mine"
+    code, _ = run_cli(["convert", "from-hf", str(good_hf), str(out), "--overwrite"], capsys)
+    assert code == 0 and not (out / "keep.txt").exists() and (out / "config.resolved.toml").is_file()
+    code, err = run_cli(["convert", "to-hf", str(out), str(good_hf)], capsys)
+    assert code == 2 and "already exists" in err
+    code, err = run_cli(["convert", "to-hf", str(out), str(out / "checkpoints"), "--overwrite"], capsys)
+    assert code == 2 and "would replace the input" in err
+    code, err = run_cli(["convert", "to-hf", str(out), str(tmp_path / "x"), "--max-shard-size", "big"], capsys)
+    assert code == 2 and "--max-shard-size 'big'" in err and not (tmp_path / "x").exists()
+
+
+def test_failure_midway_leaves_nothing(good_hf, tmp_path, monkeypatch):
+    import meshlm.interop.hf as hf
+
+    def explode(*args, **kwargs):
+        raise CheckpointError("disk full (simulated)")
+
+    monkeypatch.setattr(hf, "write_safetensors", explode)
+    with pytest.raises(CheckpointError):
+        convert_to_hf(convert_from_hf(good_hf, tmp_path / "m")["out"], tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_parse_size():
+    from meshlm.interop.hf_files import parse_size
+
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30
+    assert parse_size("600KB") == 600_000 and parse_size("1234") == 1234
