@@ -79,7 +79,8 @@ def _curve(ax, records: list[dict], key: str, label: str, color: str, style: str
     points = [(r["step"], r[key]) for r in records
               if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     if points:
-        ax.plot(*zip(*points), style, color=color, label=label, markersize=3)
+        marker = "o" if len(points) < 30 or "o" in style else None  # a few points (or one) stay visible
+        ax.plot(*zip(*points), style.replace("o", ""), marker=marker, color=color, label=label, markersize=3)
 
 
 def plot_loss(run_dir: Path, baseline: float | None = None) -> Path:

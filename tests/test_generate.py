@@ -114,3 +114,16 @@ def test_temperature_is_applied():
     greedy = generate(model, PROMPT, 8, greedy=True)
     assert generate(model, PROMPT, 8, temperature=1e-4, seed=5) == greedy  # near 0: the argmax every time
     assert generate(model, PROMPT, 8, temperature=50.0, seed=5) != greedy  # near uniform over 97 ids
+
+
+def test_vocab_limit_never_samples_padded_rows():
+    model = tiny_model()
+    ids = generate(model, [1, 2, 3], 40, temperature=5.0, seed=0, vocab_limit=7)
+    assert ids and all(0 <= i < 7 for i in ids)
+
+
+def test_any_of_several_eos_ids_stops():
+    model = tiny_model()
+    free = generate(model, [1, 2, 3], 10, greedy=True)
+    stopped = generate(model, [1, 2, 3], 10, greedy=True, eos_id={free[2], 10**6})
+    assert stopped == free[:free.index(free[2]) + 1]

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     for i, prompt in enumerate(PROMPTS):
         ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
         new = generate(model, ids, 40, temperature=0.8, top_k=50, eos_id=tokenizer.eos_id, seed=i,
-                       device=str(trainer.device))
+                       device=str(trainer.device), vocab_limit=tokenizer.vocab_size)
         print("   > " + (prompt + tokenizer.decode(new, skip_special_tokens=True)).replace("\n", " ⏎ "))
     plot = plot_loss(run_dir, baseline=baseline)
     print(f"[4/4] done in {time.perf_counter() - started:.0f} s")

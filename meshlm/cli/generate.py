@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.num_samples):
         new = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, greedy=args.greedy, eos_id=tokenizer.eos_id, seed=args.seed + i,
-                       device=args.device)
+                       device=args.device, vocab_limit=tokenizer.vocab_size)
         ids = prompt + new
         if args.json:
             print(json.dumps({"ids": ids, "text": tokenizer.decode(ids), "prompt_ids": prompt,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from meshlm.errors import ConfigError
@@ -67,12 +69,14 @@ def _next_token(logits: torch.Tensor, *, greedy: bool, temperature: float, top_k
 
 
 def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, greedy: bool = False, eos_id: int | None = None,
-             seed: int = 0, device: torch.device | str = "cpu") -> list[int]:
+             top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+             eos_id: int | Iterable[int] | None = None, seed: int = 0, device: torch.device | str = "cpu",
+             vocab_limit: int | None = None) -> list[int]:
     """Continue prompt_ids and return only the new ids.
 
-    Stops after max_new_tokens, after emitting eos_id (included), or when prompt + output reaches
-    model.max_seq_len. The model must already be on `device`. Sampling uses a local generator seeded with
+    Stops after max_new_tokens, after emitting eos_id (or any of several eos ids; included), or when prompt +
+    output reaches model.max_seq_len. ``vocab_limit`` excludes embedding rows beyond the tokenizer (padded
+    vocabularies) from sampling. The model must already be on `device`. Sampling uses a local generator seeded with
     `seed`, so the same call gives the same ids and the global RNG is untouched.
     """
     _check_request(model, prompt_ids, max_new_tokens, temperature, greedy, top_k, top_p)
@@ -82,6 +86,7 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *, 
         return []
     generator = torch.Generator(device=device).manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    stop = {eos_id} if isinstance(eos_id, int) else set(eos_id or ())
     out: list[int] = []
     with torch.inference_mode():
         cache = model.new_cache(1, max_len, device=device)
@@ -89,9 +94,13 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *, 
         logits = model(tokens, cache=cache, start_pos=0)  # (1, T_prompt, V): prefill
         pos = len(prompt_ids)
         while True:
-            token = _next_token(logits[0, -1], **sample)
+            last = logits[0, -1]  # (V,)
+            if vocab_limit is not None and vocab_limit < last.shape[-1]:
+                last = last.clone()
+                last[vocab_limit:] = float("-inf")
+            token = _next_token(last, **sample)
             out.append(token)
-            if token == eos_id or len(out) == num_new:
+            if token in stop or len(out) == num_new:
                 return out
             step = torch.tensor([[token]], dtype=torch.long, device=device)  # (1, 1)
             logits = model(step, cache=cache, start_pos=pos)  # (1, 1, V): decode

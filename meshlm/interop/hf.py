@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from meshlm.errors import CheckpointError
-from meshlm.interop.hf_config import hf_config_from_model, model_config_from_hf
+from meshlm.interop.hf_config import architecture_of, hf_config_from_model, model_config_from_hf
 from meshlm.interop.hf_files import (
     SafetensorsWeights,
     atomic_folder,
@@ -93,7 +93,7 @@ def convert_from_hf(hf_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     check_output(out, overwrite, [hf_dir])
 
     model = _load_model(cfg, weights, hf_names)
-    arch = hf_config["architectures"][0] if hf_config.get("architectures") else "(from model_type)"
+    arch = architecture_of(hf_config, hf_dir / "config.json")
     meta["converted_from"] = {"format": "huggingface", "architecture": arch, "path": str(hf_dir.resolve())}
     with atomic_folder(out) as tmp, tempfile.TemporaryDirectory() as staging:
         extra = {"tokenizer.json": hf_dir / "tokenizer.json",
