@@ -25,8 +25,9 @@ def meshlm(*args: str, check: bool = True, timeout: int = 600) -> subprocess.Com
     proc = subprocess.run([sys.executable, "-m", "meshlm", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if check and proc.returncode != 0:
-        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-3000:]}")
+        fatal = proc.stderr.find("Fatal Python error")  # a native abort: show where it happened
+        detail = proc.stderr[fatal:fatal + 6000] if fatal >= 0 else proc.stderr[-3000:]
+        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{detail}")
     return proc
 
 

@@ -86,9 +86,15 @@ def _train(args: argparse.Namespace, cfg) -> int:
     try:
         trainer = Trainer(cfg, run_dir, resume=bool(args.resume), stop_at=args.stop_at)
         summary = trainer.train()
-    finally:
-        if dist.is_initialized():
+    except BaseException:
+        if dist.is_initialized():  # no barrier: the peers may never reach it
             dist.destroy_process_group()
+        raise
+    if dist.is_initialized():
+        # Leave together: a rank that tears down its gloo pairs while a peer still finishes the last
+        # collective can make that peer abort.
+        dist.barrier()
+        dist.destroy_process_group()
     if rank != 0:
         return 0
     plot = plot_loss(run_dir)
@@ -98,3 +104,4 @@ def _train(args: argparse.Namespace, cfg) -> int:
     else:
         print(f"run directory: {run_dir}  (metrics.jsonl, checkpoints/, {plot.relative_to(run_dir)})")
     return 0
+
