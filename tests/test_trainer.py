@@ -133,3 +133,13 @@ def test_compiled_blocks_train_like_eager(debug_dataset, tmp_path):
         trainer = _trainer(cfg, tmp_path / str(compiled))
         losses[compiled] = [trainer.train_step()["loss"] for _ in range(2)]
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+
+
+def test_wandb_offline_logging(debug_dataset, tmp_path, monkeypatch):
+    """metrics.wandb: an offline W&B run under RUN_DIR/wandb (skipped where wandb is not installed)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = _cfg(debug_dataset, "metrics.wandb=true", "training.steps=2", "checkpoint.enabled=false")
+    _trainer(cfg, tmp_path / "run").train()
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))

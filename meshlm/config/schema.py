@@ -149,6 +149,9 @@ class MetricsConfig:
     tensorboard: bool = option(True, "Also write TensorBoard events when the tensorboard package is installed.")
     progress: str = option("auto", "auto: a rich progress bar on a terminal, plain log lines otherwise.",
                            choices=("auto", "rich", "plain"))
+    wandb: bool = option(False, "Also log to Weights & Biases in offline mode (files under RUN_DIR/wandb; "
+                                "`wandb sync` uploads them later). Needs the wandb package.")
+    wandb_project: str = option("meshlm", "Weights & Biases project name for metrics.wandb.")
 
     def validate(self) -> None:
         if self.interval < 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -13,6 +14,7 @@ import torch
 
 from meshlm.checkpoint.manager import atomic_write_text
 from meshlm.config.schema import MetricsConfig
+from meshlm.errors import ConfigError
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -52,6 +54,7 @@ class MetricsLogger:
         self.total_steps = total_steps
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
+        self._wandb = None
         self._progress = None
         if not self.enabled:
             return
@@ -59,6 +62,7 @@ class MetricsLogger:
         self._file = self.path.open("a", encoding="utf-8")
         if cfg.tensorboard:
             self._tb = _tensorboard_writer(Path(run_dir) / "tensorboard", purge_step=start_step + 1)
+        self._wandb = _wandb_run(Path(run_dir), cfg.wandb_project) if cfg.wandb else None
         use_rich = cfg.progress == "rich" or (cfg.progress == "auto" and sys.stdout.isatty())
         if use_rich:
             self._progress = _RichProgress(total_steps, start_step)
@@ -72,6 +76,9 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and value == value:
                     self._tb.add_scalar(key, value, record["step"])
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"},
+                            step=record["step"])
         line = format_record(record, self.total_steps)
         if self._progress is not None:
             self._progress.update(record["step"], line)
@@ -96,6 +103,8 @@ class MetricsLogger:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         if self._progress is not None:
             self._progress.stop()
 
@@ -107,6 +116,18 @@ def _tensorboard_writer(log_dir: Path, purge_step: int):
         return None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+
+
+def _wandb_run(run_dir: Path, project: str):
+    """An offline W&B run tied to the run directory (a resumed run continues the same W&B run)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("metrics.wandb=true needs the wandb package (pip install wandb), or set "
+                          "metrics.wandb=false") from None
+    run_id = "meshlm-" + hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+    return wandb.init(project=project, dir=str(run_dir), name=run_dir.name, id=run_id, resume="allow",
+                      mode="offline")
 
 
 class _RichProgress:
