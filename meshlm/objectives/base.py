@@ -26,3 +26,7 @@ class Objective(Protocol):
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Sum of per-token losses over ``batch`` (fp32 scalar)."""
         ...
+
+    # Pipeline parallelism runs the model stage by stage, so the loss must be a function of the last stage's
+    # output and the labels: objectives that support pp > 1 also define
+    #     loss_from_logits(logits: Tensor (B, T, V), labels: Tensor (B, T)) -> Tensor  (summed, fp32)
