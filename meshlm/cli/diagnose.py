@@ -10,7 +10,7 @@ from pathlib import Path
 
 def register(sub, add_config_args) -> None:
     p = sub.add_parser("diagnose", help="diagnostics")
-    dsub = p.add_subparsers(dest="diagnose_command", required=True, metavar="{parity}")
+    dsub = p.add_subparsers(dest="diagnose_command", required=True, metavar="{parity,memory}")
     par = dsub.add_parser("parity", help="run a layout and a single-device reference on the same seed and data; "
                                          "compare per-step loss and grad norm")
     add_config_args(par)
@@ -22,6 +22,9 @@ def register(sub, add_config_args) -> None:
     par.add_argument("--grad-norm-rtol", type=float, default=None, help="relative grad-norm tolerance (1e-3)")
     par.add_argument("--json", action="store_true")
     par.set_defaults(handler=run_parity)
+    from meshlm.planner.diagnose import add_memory_parser
+
+    add_memory_parser(dsub, add_config_args)  # `diagnose memory`: predicted vs measured (docs/planner.md)
 
 
 def run_parity(args: argparse.Namespace) -> int:

@@ -122,9 +122,12 @@ class Engine:
         target = batch["labels"] if self.has_last_stage else None
         losses: list | None = [] if self.has_last_stage else None
         args = (batch["input_ids"],) if self.has_first_stage else ()
-        run = self.schedule.step if train else self.schedule.eval
         with self.loss_context():
-            run(*args, target=target, losses=losses)
+            if train:
+                # return_outputs=False: otherwise the last stage keeps every micro-batch's logits to the end
+                self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+            else:
+                self.schedule.eval(*args, target=target, losses=losses)
         # The schedule returns one scaled loss per micro-batch (it may also call loss_fn outside the step while
         # inferring shapes, so the losses list — not the calls — is what counts).
         return sum(to_float(x) for x in losses) / scale if losses else 0.0

@@ -19,7 +19,7 @@ from meshlm.config.base import did_you_mean
 from meshlm.errors import ConfigError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity-hashed (the planner caches per-hardware link costs)
 class Hardware:
     name: str
     memory_gib: float  # per device
@@ -29,6 +29,8 @@ class Hardware:
     inter_node_gbs: float  # GB/s total NIC bandwidth per node
     intra_latency_us: float = 3.0
     inter_latency_us: float = 8.0
+    hbm_gbs: float = 2000.0  # device memory bandwidth (element-wise kernels are bound by it)
+    efficiency: float = 0.5  # default achieved / peak matmul FLOP/s (see PRESETS)
     measured: bool = False  # peak measured on this machine (cpu) rather than declared
 
     def peak(self, precision: str) -> float:
@@ -41,17 +43,22 @@ class Hardware:
                 f"{self.intra_node_gbs:g} GB/s inside a node, {self.inter_node_gbs:g} GB/s per node between nodes")
 
 
-def _gpu(name: str, mem: float, bf16: float, fp32: float, per_node: int, intra: float, inter: float) -> Hardware:
-    return Hardware(name, mem, {"fp32": fp32, "bf16": bf16, "fp16": bf16}, per_node, intra, inter)
+def _gpu(name: str, mem: float, bf16: float, fp32: float, hbm: float, intra: float, inter: float,
+         efficiency: float) -> Hardware:
+    return Hardware(name, mem, {"fp32": fp32, "bf16": bf16, "fp16": bf16}, 8, intra, inter, hbm_gbs=hbm,
+                    efficiency=efficiency)
 
 
-# Dense (no sparsity) datasheet peaks; fp32 without TF32.
+# Dense (no sparsity) datasheet peaks, fp32 without TF32; HBM bandwidth from the datasheets. Default
+# efficiencies are calibrated on one published run each (docs/planner.md): A100 0.58 on Megatron's 7.5B row
+# (Narayanan et al. 2021, Table 1); H100 0.36 on torchtitan's Llama 3.1 8B, FSDP on 8 GPUs (bf16, eager, 500 W
+# power cap); H200 and MI300X have no reference here and take the H100 figure.
 PRESETS: dict[str, Hardware] = {
-    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 19.5e12, 8, 230, 200),
-    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 19.5e12, 8, 230, 200),
-    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 67e12, 8, 360, 400),
-    "h200-141gb": _gpu("h200-141gb", 141, 989e12, 67e12, 8, 360, 400),
-    "mi300x-192gb": _gpu("mi300x-192gb", 192, 1307e12, 163.4e12, 8, 300, 400),
+    "a100-40gb": _gpu("a100-40gb", 40, 312e12, 19.5e12, 1555, 230, 200, 0.58),
+    "a100-80gb": _gpu("a100-80gb", 80, 312e12, 19.5e12, 2039, 230, 200, 0.58),
+    "h100-80gb": _gpu("h100-80gb", 80, 989e12, 67e12, 3350, 360, 400, 0.36),
+    "h200-141gb": _gpu("h200-141gb", 141, 989e12, 67e12, 4800, 360, 400, 0.36),
+    "mi300x-192gb": _gpu("mi300x-192gb", 192, 1307e12, 163.4e12, 5300, 300, 400, 0.36),
 }
 NAMES = (*PRESETS, "cpu")
 
@@ -77,7 +84,7 @@ def cpu_hardware(ranks: int) -> Hardware:
         torch.set_num_threads(threads)
     per_node = max(os.cpu_count() or 1, ranks)
     return Hardware("cpu", machine_memory_gib() / max(ranks, 1), {"fp32": fp32, "bf16": bf16, "fp16": bf16},
-                    per_node, 2.0, 2.0, 50.0, 50.0, measured=True)
+                    per_node, 2.0, 2.0, 50.0, 50.0, hbm_gbs=10.0, measured=True)
 
 
 def resolve_hardware(name: str, ranks: int, **overrides) -> Hardware:

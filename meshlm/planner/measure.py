@@ -69,11 +69,15 @@ def _gathered_params(parts: Iterable[nn.Module]) -> list[torch.Tensor]:
             get_state = getattr(module, "_get_fsdp_state", None)
             if get_state is None:
                 continue
-            for group in getattr(get_state(), "_fsdp_param_groups", None) or []:
-                for fsdp_param in group.fsdp_params:
-                    unsharded = getattr(fsdp_param, "_unsharded_param", None)
-                    if unsharded is not None:
-                        out.append(local(unsharded))
+            try:
+                groups = getattr(get_state(), "_fsdp_param_groups", None) or []
+                params = [p for group in groups for p in group.fsdp_params]
+            except (AttributeError, RuntimeError):
+                continue
+            for fsdp_param in params:
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                if unsharded is not None:
+                    out.append(local(unsharded))
     return out
 
 
@@ -160,7 +164,7 @@ class MemoryProbe:
         self.trainer = trainer
         self.meter: MemoryMeter | None = None
         self.result: dict[str, Any] = {}
-        self._grads = 0
+        self._grads: int | None = None
         for opt in trainer.optimizers:
             opt.register_step_pre_hook(self._before_optimizer)
 
@@ -168,8 +172,16 @@ class MemoryProbe:
     def from_env(cls, trainer) -> MemoryProbe | None:
         return cls(trainer) if os.environ.get(ENV, "") not in ("", "0") else None
 
+    @property
+    def warmup_steps(self) -> int:
+        """The step to measure: the second (as communication is), or the third under DDP, which rebuilds its
+        gradient buckets (allocating them, and broadcasting their order) once, in the second step's forward."""
+        return 3 if self.trainer.engine.describe_data_parallel().startswith("DDP") else 2
+
     def _before_optimizer(self, optimizer, args, kwargs) -> None:
-        if self.meter is not None:
+        # Each model part has its own optimizer, and the trainer zeroes a part's gradients right after its
+        # step: count them all before the first one.
+        if self.meter is not None and self._grads is None:
             self.meter.forward_open = False
             self._grads = grad_bytes(self.trainer.model_parts)
 
@@ -183,7 +195,7 @@ class MemoryProbe:
         meter.__exit__(*exc)
         parts, opts = self.trainer.model_parts, self.trainer.optimizers
         self.result = {
-            "params": param_bytes(parts), "grads": self._grads, "optimizer": optimizer_bytes(opts),
+            "params": param_bytes(parts), "grads": self._grads or 0, "optimizer": optimizer_bytes(opts),
             "activations": meter.peak_activations,
             "activations_first_backward": meter.first_backward_activations or 0,
             "total": meter.peak_total,

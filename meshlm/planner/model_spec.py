@@ -37,7 +37,7 @@ class Tensor:
         return n
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity-hashed: the planner caches per-model results
 class ModelSpec:
     name: str
     arch: str  # "llama" or "gpt"
@@ -52,6 +52,7 @@ class ModelSpec:
     qkv_bias: bool = False
     qk_norm: bool = False
     tie_embeddings: bool = False
+    flash_attention: bool = True  # False: attention scores are materialised (memory and traffic O(s²))
     meshlm_model: dict | None = None  # [model] keys when the model is trainable by meshlm
 
     def __post_init__(self) -> None:
@@ -80,8 +81,15 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.n_kv_heads * self.hd
 
-    def block_tensors(self) -> list[Tensor]:
+    def block_tensors(self) -> tuple[Tensor, ...]:
         """One transformer block's parameters, in the engine's module order (FSDP unit = one block)."""
+        cached = self.__dict__.get("_block_tensors")
+        if cached is None:
+            cached = tuple(self._block_tensors())
+            self.__dict__["_block_tensors"] = cached  # frozen dataclass: cache through __dict__
+        return cached
+
+    def _block_tensors(self) -> list[Tensor]:
         h, q, kv, f = self.dim, self.q_size, self.kv_size, self.ffn_hidden_dim
         if self.arch == "gpt":  # Megatron: fused qkv column-parallel, biases of row-parallel layers replicated
             return [Tensor("ln_1.weight", (h,), None, False), Tensor("ln_1.bias", (h,), None, False),
@@ -141,7 +149,10 @@ class ModelSpec:
 
 # ------------------------------------------------------------------------------------------------ presets
 def gpt(name: str, dim: int, n_layers: int, n_heads: int, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
-    return ModelSpec(name, "gpt", dim, n_layers, n_heads, n_heads, 4 * dim, vocab, max_seq_len=seq)
+    # Megatron (2021) ties the output head to the word embedding, and fused the softmax but materialised the
+    # scores (no flash attention).
+    return ModelSpec(name, "gpt", dim, n_layers, n_heads, n_heads, 4 * dim, vocab, max_seq_len=seq,
+                     tie_embeddings=True, flash_attention=False)
 
 
 # GPT-style shapes: Megatron (Narayanan et al. 2021, Table 1: vocabulary 51200, sequence 2048) and the ZeRO
@@ -184,7 +195,8 @@ def from_hf_config(path: Path) -> ModelSpec:
             h = int(raw["n_embd"])
             return ModelSpec(name, "gpt", h, int(raw["n_layer"]), int(raw["n_head"]), int(raw["n_head"]),
                              int(raw.get("n_inner") or 4 * h), int(raw["vocab_size"]),
-                             int(raw.get("n_positions", 1024)))
+                             int(raw.get("n_positions", 1024)),
+                             tie_embeddings=bool(raw.get("tie_word_embeddings", True)))
         heads = int(raw["num_attention_heads"])
         model = dict(dim=int(raw["hidden_size"]), n_layers=int(raw["num_hidden_layers"]), n_heads=heads,
                      n_kv_heads=int(raw.get("num_key_value_heads") or heads),

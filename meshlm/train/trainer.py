@@ -7,6 +7,7 @@ parallelism) give the gradient of one big batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -24,6 +25,8 @@ from meshlm.distributed.engine import Engine, to_float
 from meshlm.errors import ConfigError, DataError
 from meshlm.models import build_model
 from meshlm.objectives import build_objective
+from meshlm.planner.measure import MemoryProbe
+from meshlm.planner.runlog import PlanLog
 from meshlm.train.flops import model_flops_per_token, peak_flops
 from meshlm.train.metrics import MetricsLogger, peak_memory_gib
 from meshlm.train.optim import build_optimizer
@@ -67,7 +70,11 @@ class Trainer:
         # Every rank builds the same full model from the seed, then the engine splits and shards it: the
         # initial weights are those of the single-device run, whatever the layout.
         model = build_model(cfg.model, self.device, seed=tc.seed)
-        self.model_parts = self.engine.parallelize(model, tc, getattr(self.objective, "loss_from_logits", None),
+        stage_loss = getattr(self.objective, "loss_from_logits", None)
+        if self.engine.pipelined and stage_loss is None:
+            raise ConfigError(f"training.objective '{tc.objective}' does not support pipeline parallelism; "
+                              "use parallel.pp=1")
+        self.model_parts = self.engine.parallelize(model, tc, stage_loss,
                                                    cfg.parallel.microbatches or self.engine.dims.pp)
         self.optimizers = [build_optimizer(part, cfg.optimizer) for part in self.model_parts]
         self.scaler = DynamicLossScaler() if tc.precision == "fp16" else None
@@ -82,6 +89,8 @@ class Trainer:
         self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.device, tc.precision)
         self.comm_stats: dict[str, Any] = {}
+        # MESHLM_MEASURE_MEMORY=1: the measured step also counts memory, written per rank (meshlm/planner/measure.py)
+        self.memory_probe = MemoryProbe.from_env(self)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -145,9 +154,12 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         tc, mc = self.cfg.training, self.cfg.metrics
         last = min(tc.steps, self.stop_at) if self.stop_at else tc.steps
-        measure_at = self.step + 2 if self.engine.dims.world_size > 1 else -1  # after warm-up
+        warmup = self.memory_probe.warmup_steps if self.memory_probe else 2
+        measure_at = self.step + warmup if self.engine.dims.world_size > 1 or self.memory_probe else -1
         logger = MetricsLogger(self.run_dir, mc, tc.steps, self.step, rank=self.rank)
         logger.message(self.describe())
+        plan_log = PlanLog(self)  # the planner's prediction for this layout, then the measured figures beside it
+        logger.message(plan_log.start())
         window_tokens, window_steps, window_time, record = 0, 0, 0.0, {}
         try:
             while self.step < last:
@@ -167,6 +179,7 @@ class Trainer:
                     logger.advance(self.step)
                 if self.cfg.checkpoint.enabled and self._due(self.step, self.cfg.checkpoint.interval, last):
                     self.save()
+            logger.message(plan_log.finish())
         finally:
             logger.close()
         return {"step": self.step, "tokens_seen": self.tokens_seen, **record, **self.comm_stats}
@@ -226,13 +239,15 @@ class Trainer:
             prof.start()
         try:
             start = time.perf_counter()
-            with counter:
+            with counter, (self.memory_probe or contextlib.nullcontext()):
                 record = self.train_step()
             seconds = time.perf_counter() - start
         finally:
             with silence_stderr():
                 prof.stop()
         self.comm_stats = {**counter.summary(), "comm_share": min(comm_time_from_profile(prof) / seconds, 1.0)}
+        if self.memory_probe is not None:
+            self.memory_probe.write(self.run_dir, self.comm_stats)
         return record
 
     @torch.no_grad()

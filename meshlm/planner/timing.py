@@ -1,0 +1,202 @@
+"""Step time of a layout: compute at an efficiency factor, every collective with ring costs, the pipeline bubble.
+
+Assumptions (docs/planner.md):
+- compute: FLOPs of the matmuls (blocks, attention scores and values over the full sequence, LM head), forward
+  + 2× for backward, + one more forward of the blocks under full activation checkpointing (selective
+  recomputes element-wise ops only: no matmul FLOPs). Time = FLOPs / (peak · efficiency). MFU counts the
+  model's FLOPs without recompute; HFU counts what the hardware ran.
+- collectives: α-β ring model, nccl-tests convention: all-reduce 2(n−1)/n·S/B + 2(n−1)·α, all-gather and
+  reduce-scatter (n−1)/n·S/B + (n−1)·α. A group inside one node uses the intra-node bandwidth; a group that
+  spans nodes gets the node's NIC bandwidth shared by the groups that cross at the same time
+  (B = inter · ranks-of-this-group-per-node / GPUs-per-node), never more than intra-node. Mesh order is
+  (pp, dp_replicate, dp_shard, tp): tp is innermost (consecutive ranks, inside a node), pp outermost.
+- overlap: tensor-parallel collectives and pipeline sends are on the critical path (exposed). FSDP/DDP
+  collectives overlap the compute of other blocks: what exceeds the step's compute is exposed, plus one
+  block's all-gather (nothing to hide the first behind) and one reduce-scatter (the last).
+- pipeline bubble, as a fraction of the busy time: GPipe and 1F1B (p−1)/m; interleaved (p−1)/(v·m);
+  interleaved zero-bubble (p−1)/(3·v·m) (backward split into input and weight gradients fills two thirds of
+  the bubble, Qi et al. 2024, ZB-H1); ZBV (p−1)/(6·m) (a lower bound).
+- element-wise kernels (norms, residual adds, activation functions, RoPE, softmax) are bound by memory
+  bandwidth, not FLOPs: their bytes per token per layer, counted from the block's forward ops (below), are
+  read and written once in forward, twice in backward, once more under (selective or full) recompute, at the
+  HBM bandwidth.
+  Without sequence parallelism the norm/residual part is replicated on every tensor-parallel rank.
+- the optimizer step is not modelled (memory-bound, small at these batch sizes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from meshlm.planner.activations import micro_batch
+from meshlm.planner.collectives import Collective, step_collectives, steps_per_optimizer_step
+from meshlm.planner.hardware import Hardware
+from meshlm.planner.layout import Layout, Training
+from meshlm.planner.memory import rank_stages
+from meshlm.planner.model_spec import ModelSpec
+
+INNER_ORDER = ("tp", "dp_shard", "dp_replicate", "pp")
+
+
+@dataclass
+class StepTime:
+    step_time_s: float
+    compute_s: float
+    tp_comm_s: float
+    p2p_s: float
+    dp_comm_s: float
+    dp_exposed_s: float
+    small_s: float
+    bubble_s: float
+    model_flops: float  # per step, whole job, no recompute
+    hardware_flops: float  # per step, whole job, with recompute
+    detail: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def comm_s(self) -> float:
+        return self.tp_comm_s + self.p2p_s + self.dp_comm_s + self.small_s
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.tp_comm_s + self.p2p_s + self.dp_exposed_s + self.small_s
+
+
+def group_link(layout: Layout, hw: Hardware, dim: str) -> tuple[int, float, float]:
+    """(ranks in the group, bandwidth B/s, latency s) of a mesh dim's groups."""
+    return _group_link(layout.tp, layout.dp_shard, layout.dp_replicate, layout.pp, hw, dim)
+
+
+@lru_cache(maxsize=4096)
+def _group_link(tp: int, dp_shard: int, dp_replicate: int, pp: int, hw: Hardware, dim: str) -> tuple[int, float, float]:
+    sizes = {"tp": tp, "dp_shard": dp_shard, "dp_replicate": dp_replicate, "pp": pp}
+    if dim == "dp":
+        size, inner = dp_shard * dp_replicate, tp
+    else:
+        size = sizes[dim]
+        inner = 1
+        for d in INNER_ORDER[:INNER_ORDER.index(dim)]:
+            inner *= sizes[d]
+    per_node_gpus = hw.gpus_per_node
+    intra = (hw.intra_node_gbs * 1e9, hw.intra_latency_us * 1e-6)
+    if inner * size <= per_node_gpus:
+        return size, *intra
+    members_per_node = max(1, min(size, per_node_gpus // inner)) if inner < per_node_gpus else 1
+    bw = min(hw.intra_node_gbs, hw.inter_node_gbs * members_per_node / per_node_gpus) * 1e9
+    return size, bw, hw.inter_latency_us * 1e-6
+
+
+def collective_time(c: Collective, layout: Layout, hw: Hardware) -> float:
+    n, bw, lat = group_link(layout, hw, c.dim)
+    if c.kind in ("send", "recv"):
+        return 0.0 if c.kind == "recv" else c.calls * (c.payload / bw + lat)  # a recv is the peer's send
+    if n <= 1:
+        return 0.0
+    steps = 2 * (n - 1) if c.kind == "all_reduce" else n - 1
+    factor = steps / n
+    return c.calls * (c.payload * factor / bw + steps * lat)
+
+
+def elementwise_bytes(spec: ModelSpec, layout: Layout, training: Training) -> float:
+    """Bytes read + written by the forward element-wise ops of one block, per token, on one rank.
+
+    GPT (Megatron's fused kernels): 2 LayerNorms (2h each) and 2 bias-dropout-residual adds (4h each): 12h
+    replicated; bias-GeLU 2·ffn, q/k/v/out reshapes 8h: per rank /t; scale-mask-softmax + dropout over the
+    materialised scores 4.5·a·s /t (none with flash attention).
+    Llama (meshlm, eager PyTorch): 2 RMSNorms (fp32 upcast, square, mean, rsqrt, 2 multiplies ≈ 6h each) and 2
+    residual adds (3h each): 18h replicated; RoPE on q and k (≈ 6 per element), SiLU and the gate product
+    (5·ffn): per rank /t.
+    """
+    t = layout.tp
+    sp = layout.sequence_parallel and t > 1
+    h, f, q, kv = spec.dim, spec.ffn_hidden_dim, spec.q_size, spec.kv_size
+    if spec.arch == "gpt":
+        replicated, partitioned = 12 * h, 2 * f + 8 * q
+    else:
+        replicated, partitioned = 18 * h, 5 * f + 6 * (q + kv)
+    scores = 0.0 if spec.flash_attention else 4.5 * spec.n_heads * training.seq_len
+    return training.compute_bytes * (replicated / (t if sp else 1) + (partitioned + scores) / t)
+
+
+def rank_flops(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int) -> tuple[float, float]:
+    """(hardware FLOPs, model FLOPs) of one rank's step (its share of the tensor-parallel work)."""
+    s, t = training.seq_len, layout.tp
+    tokens = micro_batch(layout, training) * s * steps_per_optimizer_step(layout, training)
+    block_matmul = sum(x.numel for x in spec.block_tensors() if x.matmul) / t
+    block_fwd = 2 * block_matmul + 4 * s * spec.q_size / t  # per token: weights + scores and values
+    head_fwd = 2 * spec.vocab_size * spec.dim / t
+    model = hw = 0.0
+    for st in rank_stages(spec, layout, pp_rank):
+        fwd = st.layers * block_fwd + (head_fwd if st.index == layout.num_stages - 1 else 0.0)
+        model += 3 * fwd * tokens
+        hw += 3 * fwd * tokens
+        if layout.activation_checkpointing == "full":
+            hw += st.layers * block_fwd * tokens
+    return hw, model
+
+
+def model_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+    """6 per matmul weight + 12·L·s·(heads·head_dim) for attention (forward + backward, no recompute)."""
+    return 6.0 * spec.matmul_params() + 12.0 * spec.n_layers * seq_len * spec.q_size
+
+
+def bubble_fraction(layout: Layout) -> float:
+    if layout.pp == 1:
+        return 0.0
+    p, m = layout.pp, layout.microbatches
+    v = layout.stages_per_rank
+    return {"gpipe": (p - 1) / m, "1f1b": (p - 1) / m, "interleaved-1f1b": (p - 1) / (v * m),
+            "interleaved-zb": (p - 1) / (3 * v * m), "zbv": (p - 1) / (6 * m)}[layout.pp_schedule]
+
+
+def step_time(spec: ModelSpec, layout: Layout, training: Training, hw: Hardware) -> StepTime:
+    peak = hw.peak(training.precision) * training.efficiency
+    ranks = sorted({0, layout.pp - 1})  # the first stage (embedding) and the last (head) bound the pipeline
+    worst = None
+    for r in ranks:
+        hw_flops, _ = rank_flops(spec, layout, training, r)
+        colls = step_collectives(spec, layout, training, r)
+        times = {"tp": 0.0, "p2p": 0.0, "dp": 0.0, "small": 0.0}
+        for c in colls:
+            times[c.role] += collective_time(c, layout, hw)
+        compute = hw_flops / peak + _elementwise_time(spec, layout, training, hw, r)
+        busy = compute + times["tp"] + times["p2p"]
+        if worst is None or busy > worst[0]:
+            worst = (busy, compute, times, colls)
+    busy, compute, times, colls = worst
+    dp_exposed = max(0.0, times["dp"] - compute) + _unhidden_dp(colls, layout, hw)
+    bubble = bubble_fraction(layout) * busy
+    total = busy + bubble + dp_exposed + times["small"]
+    model_flops = model_flops_per_token(spec, training.seq_len) * training.tokens
+    hw_flops_job = model_flops * (1 + _recompute_share(spec, training, layout))
+    return StepTime(total, compute, times["tp"], times["p2p"], times["dp"], dp_exposed, times["small"], bubble,
+                    model_flops, hw_flops_job)
+
+
+def _elementwise_time(spec: ModelSpec, layout: Layout, training: Training, hw: Hardware, pp_rank: int) -> float:
+    tokens = micro_batch(layout, training) * training.seq_len * steps_per_optimizer_step(layout, training)
+    layers = sum(st.layers for st in rank_stages(spec, layout, pp_rank))
+    passes = 3 + (1 if layout.activation_checkpointing != "none" else 0)  # selective recomputes these too
+    return passes * layers * tokens * elementwise_bytes(spec, layout, training) / (hw.hbm_gbs * 1e9)
+
+
+def _recompute_share(spec: ModelSpec, training: Training, layout: Layout) -> float:
+    if layout.activation_checkpointing != "full":
+        return 0.0
+    s = training.seq_len
+    block_fwd = 2 * sum(x.numel for x in spec.block_tensors() if x.matmul) + 4 * s * spec.q_size
+    return spec.n_layers * block_fwd / model_flops_per_token(spec, s)
+
+
+def _unhidden_dp(colls: list[Collective], layout: Layout, hw: Hardware) -> float:
+    """The first all-gather and the last reduce-scatter (FSDP) or the last bucket (DDP) wait for nothing."""
+    out = 0.0
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        dp = [c for c in colls if c.role == "dp" and c.kind == kind]
+        if not dp:
+            continue
+        biggest = max(dp, key=lambda c: c.payload)
+        one = Collective(biggest.kind, biggest.dim, min(biggest.payload, 25e6 if layout.uses_ddp else
+                                                        biggest.payload), 1, "dp")
+        out += collective_time(one, layout, hw)
+    return out
