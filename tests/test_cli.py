@@ -4,24 +4,13 @@ inspect, and the one-line, exit-code-2 answers to bad input."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import meshlm
 
 COMMON = ["--set", "data.seq_len=32", "--set", "training.batch_size=8", "--set", "metrics.tensorboard=false",
           "--set", "training.eval_interval=10", "--set", "checkpoint.interval=10", "--set", "metrics.interval=5"]
-
-
-def meshlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "meshlm", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 @pytest.fixture(scope="module")

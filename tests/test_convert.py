@@ -11,9 +11,6 @@ untransposed weight, wrong RoPE pairing or a missing bias change logits by 1e-2 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ from meshlm.errors import CheckpointError  # noqa: E402
 from meshlm.generate import generate  # noqa: E402
 from meshlm.interop import convert_from_hf, convert_to_hf  # noqa: E402
 from meshlm.tokenizer import MeshTokenizer  # noqa: E402
+from helpers import meshlm
 
 transformers.utils.logging.disable_progress_bar()
 TOLERANCE = 1e-4
@@ -48,15 +46,6 @@ FAMILIES = {
 }
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<s>", "</s>"]
 TOKENIZER_VOCAB = 320
-
-
-def meshlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "meshlm", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 @pytest.fixture(scope="module")

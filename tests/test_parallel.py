@@ -16,19 +16,10 @@ import pytest
 from meshlm.config.loader import load_config
 from meshlm.distributed.parallel_dims import ParallelDims
 from meshlm.errors import ConfigError
+from helpers import meshlm
 
 CFG = "configs/debug.toml"
 QUIET = ["--set", "metrics.tensorboard=false", "--set", "metrics.progress=plain"]
-
-
-def meshlm(*args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "meshlm", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if check and proc.returncode != 0:
-        fatal = proc.stderr.find("Fatal Python error")  # a native abort: show where it happened
-        detail = proc.stderr[fatal:fatal + 6000] if fatal >= 0 else proc.stderr[-3000:]
-        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{detail}")
-    return proc
 
 
 def sets(**degrees) -> list[str]:

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,18 +18,10 @@ from meshlm.planner.layout import Layout, Training
 from meshlm.planner.memory import _zero_bytes, memory
 from meshlm.planner.model_spec import GPT_PRESETS, resolve_model
 from meshlm.planner.plan import make_plan
-from meshlm.planner.search import evaluate, search
+from meshlm.planner.search import evaluate
+from helpers import meshlm
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def meshlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "meshlm", *args], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
-                             f"{proc.stderr[-2000:]}")
-    return proc
 
 
 # ------------------------------------------------------------------------------------------------- shapes

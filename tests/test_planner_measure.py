@@ -6,24 +6,13 @@ planner's prediction beside its measurement."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import meshlm
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = "configs/debug.toml"
-
-
-def meshlm(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "meshlm", *args], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if proc.returncode != 0:
-        raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-3000:]}")
-    return proc
 
 
 def sets(*overrides: str) -> list[str]:

@@ -7,7 +7,6 @@ the memory saving at a small fraction of the recompute cost.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import nn
