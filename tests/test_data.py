@@ -32,6 +32,7 @@ from meshlm.data import (
     unigram_entropy,
 )
 from meshlm.errors import DataError
+from meshlm.fileio import sha256_file
 from meshlm.tokenizer import MeshTokenizer
 
 VOCAB = 512
@@ -153,7 +154,7 @@ def test_manifest_describes_shards_with_valid_checksums(dataset_dir, docs):
     m = json.loads((dataset_dir / "manifest.json").read_text())
     tok = MeshTokenizer.load(dataset_dir / "tokenizer.json")
     assert m["format_version"] == 1 and m["dtype"] == "uint16" and m["vocab_size"] == tok.vocab_size == VOCAB
-    assert m["tokenizer_sha256"] == prep.file_sha256(dataset_dir / "tokenizer.json")
+    assert m["tokenizer_sha256"] == sha256_file(dataset_dir / "tokenizer.json")
     assert m["eos_id"] == tok.eos_id and m["special_ids"] == tok.special_ids
     assert m["documents"] == len(docs) == m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"]
     assert m["splits"]["val"]["documents"] >= 1
@@ -165,7 +166,7 @@ def test_manifest_describes_shards_with_valid_checksums(dataset_dir, docs):
             raw = np.fromfile(dataset_dir / shard["file"], dtype="<u2")
             assert len(raw) == shard["tokens"] <= SHARD_TOKENS
             assert int((raw == tok.eos_id).sum()) == shard["documents"]  # one eos per document ending here
-            assert prep.file_sha256(dataset_dir / shard["file"]) == shard["sha256"]
+            assert sha256_file(dataset_dir / shard["file"]) == shard["sha256"]
     assert sorted(p.name for p in dataset_dir.parent.iterdir()) == ["ds"]  # no temp folder left
 
 
@@ -226,7 +227,7 @@ def test_prepare_reads_files_and_reuses_a_given_tokenizer(tmp_path, dataset_dir)
     m = prepare_dataset([tmp_path / "in"], tmp_path / "out", tokenizer=dataset_dir / "tokenizer.json", num_workers=1)
     assert m["source"] == {"kind": "files", "inputs": [str(tmp_path / "in")], "text_field": "text"}
     assert m["tokenizer_trained"] is False and m["requested_vocab_size"] is None
-    assert m["tokenizer_sha256"] == prep.file_sha256(dataset_dir / "tokenizer.json")
+    assert m["tokenizer_sha256"] == sha256_file(dataset_dir / "tokenizer.json")
     assert (m["documents"], m["skipped_non_utf8"]) == (2, 1)
     assert m["splits"]["train"]["documents"] == m["splits"]["val"]["documents"] == 1  # >= 1 of each
 
@@ -412,7 +413,7 @@ def test_unigram_entropy_matches_the_closed_form(tmp_path, dataset_dir):
     shutil.copy(dataset_dir / "tokenizer.json", out / "tokenizer.json")
     np.array([5, 5, 6, 5, 7, 6, 5, 8], dtype="<u2").tofile(out / "train-00000.bin")
     manifest = json.loads((dataset_dir / "manifest.json").read_text())
-    sha = prep.file_sha256(out / "train-00000.bin")
+    sha = sha256_file(out / "train-00000.bin")
     shard = {"file": "train-00000.bin", "tokens": 8, "documents": 0, "sha256": sha}
     manifest["splits"] = {"train": {"documents": 0, "tokens": 8, "shards": [shard]}}
     (out / "manifest.json").write_text(json.dumps(manifest))

@@ -16,7 +16,6 @@ crash at any moment leaves either a complete, verifiable checkpoint or a ``.tmp`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,8 +27,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -39,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from meshlm.errors import CheckpointError
+from meshlm.fileio import atomic_write_text, sha256_file
 
 # Single-process runs save/load without a process group on purpose; DCP warns about that on every call.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -50,23 +50,6 @@ _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _is_dist() -> bool:

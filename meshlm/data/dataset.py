@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from meshlm.errors import DataError
+from meshlm.fileio import sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -27,12 +28,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class ShardWriter:
@@ -202,7 +197,7 @@ def _read_manifest(path: Path) -> dict:
 
 def _check_sha256(file: Path, expected: str, what: str) -> None:
     try:
-        actual = file_sha256(file)
+        actual = sha256_file(file)
     except FileNotFoundError:
         raise DataError(f"{what} {file} is missing; {_REPREPARE}") from None
     if actual != expected:

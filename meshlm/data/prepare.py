@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from meshlm.data.corpus import CORPUS_VERSION, embedded_documents
-from meshlm.data.dataset import FORMAT_VERSION, MANIFEST, TOKENIZER, ShardWriter, file_sha256, token_dtype
+from meshlm.data.dataset import FORMAT_VERSION, MANIFEST, TOKENIZER, ShardWriter, token_dtype
 from meshlm.data.readers import ReadStats, has_utf8_form, iter_documents
 from meshlm.errors import DataError
+from meshlm.fileio import sha256_file
 from meshlm.tokenizer import MeshTokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 128 MiB per uint16 shard
@@ -323,7 +324,7 @@ def prepare_dataset(
             tok.save(tmp / TOKENIZER)
             splits = _second_pass(data, plan, tok, tmp, shard_tokens, num_workers, bar)
             manifest = _manifest(data, plan, tok, splits, trained=given is None, requested=vocab_size,
-                                 shard_tokens=shard_tokens, tokenizer_sha256=file_sha256(tmp / TOKENIZER))  # fmt: skip
+                                 shard_tokens=shard_tokens, tokenizer_sha256=sha256_file(tmp / TOKENIZER))  # fmt: skip
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
             _publish(tmp, out_dir, overwrite)
         finally:

@@ -93,6 +93,6 @@ class PlanLog:
         return "planner vs run: " + ("; ".join(parts) if parts else "nothing comparable was measured")
 
     def _write(self) -> None:
-        from meshlm.checkpoint.manager import atomic_write_text
+        from meshlm.fileio import atomic_write_text
 
         atomic_write_text(self.path, json.dumps(self.record, indent=1))

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from meshlm.errors import DataError
+from meshlm.fileio import atomic_write_text
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|pad|>",
@@ -121,18 +121,7 @@ class MeshTokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``tokenizer.json`` atomically: a temp file in the same folder, fsync, then ``os.replace``."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self.to_str())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_text(path, self.to_str())
 
     # --- encoding -------------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from meshlm.checkpoint.manager import atomic_write_text
+from meshlm.fileio import atomic_write_text
 from meshlm.config.schema import MetricsConfig
 from meshlm.errors import ConfigError
 

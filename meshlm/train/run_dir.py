@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from meshlm.checkpoint.manager import atomic_write_text
+from meshlm.fileio import atomic_write_text
 from meshlm.errors import CheckpointError
 
 RESOLVED = "config.resolved.toml"
