@@ -1,0 +1,141 @@
+"""LoRA (Hu et al. 2021, arXiv 2106.09685): low-rank adapters on the decoder's linear projections.
+
+``W x`` becomes ``W x + (alpha / r) · B A dropout(x)`` with A (r, in) and B (out, r). The base weight W is frozen;
+only A and B train. B starts at zero, so the adapted model starts exactly equal to the base model. A is drawn
+like PEFT's default (Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqrt(in))).
+
+The adapted layer is a subclass of ``nn.Linear`` that keeps ``weight`` / ``bias`` under their own names and adds
+``lora_A`` / ``lora_B`` beside them, so base state-dict keys (and therefore checkpoints and HF conversion) are
+unchanged. Pure PyTorch: data parallelism (DDP, FSDP2) is applied from outside as for any module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Config names -> the module names inside a TransformerBlock.
+TARGETS = {
+    "q": "attention.wq", "k": "attention.wk", "v": "attention.wv", "o": "attention.wo",
+    "gate": "feed_forward.w1", "up": "feed_forward.w3", "down": "feed_forward.w2",
+}
+# The same targets under HF's names (PEFT's target_modules).
+HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+              "down": "down_proj"}
+
+
+class LoRALinear(nn.Linear):
+    """An ``nn.Linear`` with a frozen base weight and a trainable low-rank update."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, rank: int, alpha: float,
+                 dropout: float, device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.rank, self.alpha = rank, alpha
+        self.scaling = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.empty(out_features, rank, device=device, dtype=dtype))
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.merged = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)  # (..., out)
+        if self.merged:
+            return out
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)  # (..., r) -> (..., out)
+        return out + update * self.scaling
+
+    @torch.no_grad()
+    def reset_lora(self, generator: torch.Generator | None = None) -> None:
+        bound = 1.0 / math.sqrt(self.in_features)
+        values = torch.empty(self.lora_A.shape, dtype=torch.float32).uniform_(-bound, bound, generator=generator)
+        self.lora_A.copy_(values.to(self.lora_A.dtype))
+        nn.init.zeros_(self.lora_B)
+
+    def delta_weight(self) -> torch.Tensor:
+        """(alpha / r) · B A, the (out, in) update the adapter adds to ``weight``."""
+        return (self.lora_B.float() @ self.lora_A.float()) * self.scaling
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """Fold the update into ``weight`` (for export); the adapter then no longer contributes."""
+        if not self.merged:
+            self.weight.add_(self.delta_weight().to(self.weight.dtype))
+            self.merged = True
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}"
+
+
+def _swap(parent: nn.Module, child_name: str, rank: int, alpha: float, dropout: float) -> LoRALinear:
+    old: nn.Linear = getattr(parent, child_name)
+    new = LoRALinear(old.in_features, old.out_features, old.bias is not None, rank, alpha, dropout,
+                     device=old.weight.device, dtype=old.weight.dtype)
+    new.weight = old.weight  # the same Parameter objects: no copy, works on the meta device too
+    if old.bias is not None:
+        new.bias = old.bias
+    setattr(parent, child_name, new)
+    return new
+
+
+def apply_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float) -> list[str]:
+    """Replace the targeted projections of every block by LoRA layers and freeze everything else.
+
+    Returns the qualified names of the adapted modules. Call before any parallelism is applied (on the meta
+    device is fine: ``reset_lora`` initialises the adapters after materialisation).
+    """
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown:
+        raise ValueError(f"unknown LoRA targets {unknown}; choose from {sorted(TARGETS)}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    adapted = []
+    for layer_name, block in model.layers.items():
+        for target in targets:
+            path = TARGETS[target].split(".")
+            parent = block.get_submodule(".".join(path[:-1]))
+            module = _swap(parent, path[-1], rank, alpha, dropout)
+            module.lora_A.requires_grad_(True)
+            module.lora_B.requires_grad_(True)
+            adapted.append(f"layers.{layer_name}.{TARGETS[target]}")
+    return adapted
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+@torch.no_grad()
+def reset_lora_parameters(model: nn.Module, seed: int) -> None:
+    """Initialise every adapter from (seed, module name) alone, so the result does not depend on the layout."""
+    for name, module in sorted(lora_modules(model).items()):
+        generator = torch.Generator().manual_seed(_stable_seed(seed, name))
+        module.reset_lora(generator)
+
+
+def merge_lora(model: nn.Module) -> None:
+    for module in lora_modules(model).values():
+        module.merge()
+
+
+def num_trainable_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def expected_lora_params(cfg, targets: list[str], rank: int) -> int:
+    """r · (in + out) per adapted projection per layer, from the model config alone."""
+    head_dim = cfg.resolved_head_dim
+    q, kv = cfg.n_heads * head_dim, cfg.n_kv_heads * head_dim
+    shapes = {"q": (cfg.dim, q), "k": (cfg.dim, kv), "v": (cfg.dim, kv), "o": (q, cfg.dim),
+              "gate": (cfg.dim, cfg.ffn_hidden_dim), "up": (cfg.dim, cfg.ffn_hidden_dim),
+              "down": (cfg.ffn_hidden_dim, cfg.dim)}
+    return cfg.n_layers * sum(rank * sum(shapes[t]) for t in targets)
+
+
+def _stable_seed(seed: int, name: str) -> int:
+    import hashlib
+
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
