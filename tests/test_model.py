@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from meshlm.models import FLAVORS, ModelConfig, Transformer, build_model, flavor_config
-from meshlm.models.llama import Attention, FeedForward, RMSNorm, apply_rope, precompute_rope, rope_inv_freq
+from meshlm.models.llama import (
+    Attention,
+    FeedForward,
+    RMSNorm,
+    apply_rope,
+    attention_mask,
+    positions_from_documents,
+    precompute_rope,
+    rope_inv_freq,
+)
 
 # fp32 on CPU. Two computations of the same math in a different order (a T=1 sdpa against the cache vs one
 # causal block, different matmul blockings) differ by fp32 rounding, ~1e-7 relative per op, accumulated over
@@ -138,8 +147,9 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     torch.testing.assert_close(gqa(x), mha(x), atol=ATOL, rtol=0)
 
 
-def _reference_attention(attn: Attention, cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:
-    """softmax(QK^T / sqrt(d) + causal mask) V written out, with RoPE and qk-norm from their definitions."""
+def _reference_attention(attn: Attention, cfg: ModelConfig, x: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d) + causal mask) V written out, with RoPE and qk-norm from their definitions; with
+    ``window`` query i also ignores keys j with i - j >= window (HF's sliding window)."""
     B, T, _ = x.shape
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
     q = torch.nn.functional.linear(x, attn.wq.weight, attn.wq.bias).view(B, T, H, Dh)
@@ -160,12 +170,15 @@ def _reference_attention(attn: Attention, cfg: ModelConfig, x: torch.Tensor) -> 
     k, v = k.repeat_interleave(H // Hkv, dim=2), v.repeat_interleave(H // Hkv, dim=2)  # (B, T, H, Dh)
     scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(Dh)  # (B, H, T, T)
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    if window:
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).tril(-window), float("-inf"))
     out = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, H * Dh)
     return out @ attn.wo.weight.T
 
 
+@pytest.mark.parametrize("window", [0, 4])
 @pytest.mark.parametrize("flags", [{}, {"qkv_bias": True}, {"qk_norm": True}, {"n_kv_heads": 1, "head_dim": 16}])
-def test_attention_matches_explicit_reference(flags):
+def test_attention_matches_explicit_reference(flags, window):
     cfg = tiny_cfg(**flags)
     torch.manual_seed(0)
     attn = Attention(cfg)
@@ -176,7 +189,12 @@ def test_attention_matches_explicit_reference(flags):
                 p.add_(torch.randn_like(p) * 0.3)
     x = torch.randn(2, 10, 32)
     cos, sin = precompute_rope(cfg, 10)
-    torch.testing.assert_close(attn(x, cos, sin), _reference_attention(attn, cfg, x), atol=ATOL, rtol=1e-5)
+    mask = attention_mask(10, 10, window=window)
+    assert (mask is None) == (window == 0)  # the plain causal case keeps sdpa's is_causal path
+    out = attn(x, cos, sin, mask=mask)
+    torch.testing.assert_close(out, _reference_attention(attn, cfg, x, window), atol=ATOL, rtol=1e-5)
+    if window:  # the window matters: without it the late positions differ
+        assert (out - attn(x, cos, sin))[:, window:].abs().max() > 1e-3
 
 
 def test_attention_follows_sharded_weights_like_tensor_parallel():
@@ -319,3 +337,84 @@ def test_kv_cache_decoding_matches_full_forward():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="KV cache"):
         model(x[:, :1], cache=cache, start_pos=16)
+
+
+# ------------------------------------------------------------------------------- sliding window and packing
+def _mask_by_definition(T: int, S: int, window: int, docs: list[int] | None) -> torch.Tensor:
+    """(T, S): query t (position S - T + t) sees key j iff j <= it, it - j < window (if any), same document."""
+    out = torch.zeros(T, S, dtype=torch.bool)
+    for t in range(T):
+        i = S - T + t
+        for j in range(S):
+            out[t, j] = j <= i and (not window or i - j < window) and (docs is None or docs[i] == docs[j])
+    return out
+
+
+@pytest.mark.parametrize("T, S, window, docs", [(6, 6, 3, None), (3, 9, 4, None), (1, 9, 4, None),
+                                                 (7, 7, 0, [0, 0, 0, 1, 1, 2, 2]), (7, 7, 2, [5, 5, 5, 5, 1, 1, 1])])
+def test_attention_mask_follows_its_definition(T, S, window, docs):
+    doc_ids = torch.tensor([docs]) if docs else None
+    mask = attention_mask(T, S, window=window, document_ids=doc_ids)
+    assert mask.shape == (1, 1, T, S) and mask.dtype == torch.bool
+    assert torch.equal(mask[0, 0], _mask_by_definition(T, S, window, docs))
+    assert attention_mask(5, 5, window=5) is None  # a window as long as the sequence is no window
+
+
+def test_sliding_window_changes_only_positions_past_the_window():
+    plain, windowed = tiny_model(), tiny_model(sliding_window=5)
+    x = tokens(seq=16)
+    a, b = plain(x), windowed(x)
+    torch.testing.assert_close(a[:, :5], b[:, :5], atol=0, rtol=0)  # within the window: the same computation
+    assert (a[:, 5:] - b[:, 5:]).abs().max() > 1e-3
+    every_layer_full = tiny_model(sliding_window=5, full_attention_layers=2)  # Qwen2's max_window_layers = L
+    torch.testing.assert_close(every_layer_full(x), a, atol=0, rtol=0)
+    second_only = tiny_model(sliding_window=5, full_attention_layers=1)
+    assert (second_only(x) - a)[:, 5:].abs().max() > 1e-4 and (second_only(x) - b)[:, 5:].abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("full_layers", [0, 1])
+def test_sliding_window_kv_cache_decoding_matches_full_forward(full_layers):
+    model = tiny_model(sliding_window=4, full_attention_layers=full_layers)
+    x = tokens(seq=16)
+    full = model(x)
+    cache = model.new_cache(batch_size=2, max_len=16)
+    with torch.no_grad():
+        steps = [model(x[:, :6], cache=cache, start_pos=0)]  # prefill longer than the window
+        steps.append(model(x[:, 6:9], cache=cache, start_pos=6))  # chunked prefill against the cache
+        steps += [model(x[:, t:t + 1], cache=cache, start_pos=t) for t in range(9, 16)]  # decode
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
+
+
+def test_positions_from_documents():
+    docs = torch.tensor([[7, 7, 7, 2, 2, 9], [1, 1, 1, 1, 1, 1]])
+    assert positions_from_documents(docs).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("flags", [{}, {"sliding_window": 3}, {"qk_norm": True, "n_kv_heads": 1}])
+def test_packed_rows_give_the_logits_and_gradients_of_each_row_alone(flags):
+    """Three rows packed in one sequence with document ids and restarting positions = each row run alone."""
+    model = tiny_model(**flags)
+    rows = [tokens(1, n, seed=s)[0] for n, s in ((5, 1), (7, 2), (4, 3))]
+    packed = torch.cat(rows)[None]  # (1, 16)
+    docs = torch.cat([torch.full((len(r),), i) for i, r in enumerate(rows)])[None]  # (1, 16)
+    logits = model(packed, position_ids=positions_from_documents(docs), document_ids=docs)  # (1, 16, V)
+    alone = torch.cat([model(r[None]) for r in rows], dim=1)  # (1, 16, V)
+    torch.testing.assert_close(logits, alone, atol=ATOL, rtol=0)  # fp32, <= 1e-5 per token
+    assert (model(packed) - alone)[:, 5:].abs().max() > 1e-3  # without the masks the rows would contaminate
+
+    grads = []
+    for out in (logits, alone):  # the same scalar through both graphs gives the same parameter gradients
+        model.zero_grad()
+        out.float().logsumexp(-1).sum().backward(retain_graph=True)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], atol=ATOL, rtol=1e-4, msg=name)
+
+
+def test_document_ids_refuse_a_cache_and_wrong_shapes():
+    model = tiny_model()
+    x = tokens(seq=6)
+    with pytest.raises(ValueError, match="document_ids"):
+        model(x, document_ids=torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="without a KV cache"):
+        model(x, cache=model.new_cache(2, 6), position_ids=torch.zeros(2, 6, dtype=torch.long))

@@ -29,11 +29,19 @@ class ModelConfig:
     qkv_bias: bool = option(False, "Bias on the q/k/v projections (Qwen2).")
     qk_norm: bool = option(False, "RMSNorm on each head's q and k before RoPE (Qwen3).")
     tie_embeddings: bool = option(False, "Share the token embedding with the output head.")
+    sliding_window: int = option(0, "Sliding attention window in tokens: a query sees itself and the "
+                                 "sliding_window - 1 positions before it (Mistral, Qwen2); 0: full causal attention.")
+    full_attention_layers: int = option(0, "With sliding_window: the first N layers attend to every earlier position "
+                                        "and the rest use the window (HF Qwen2's max_window_layers).")
     init_std: float = option(0.02, "Std of the normal init; output projections are scaled by 1/sqrt(2*n_layers).")
 
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.dim // self.n_heads
+
+    def layer_window(self, layer_id: int) -> int:
+        """The attention window of layer ``layer_id`` (global index); 0 means full causal attention."""
+        return self.sliding_window if self.sliding_window and layer_id >= self.full_attention_layers else 0
 
     def validate(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"):
@@ -49,6 +57,9 @@ class ModelConfig:
                               f"({self.n_kv_heads})")
         if self.resolved_head_dim % 2:
             raise ConfigError(f"head size {self.resolved_head_dim} must be even for rotary embeddings")
+        if self.sliding_window < 0 or self.full_attention_layers < 0:
+            raise ConfigError(f"model.sliding_window ({self.sliding_window}) and model.full_attention_layers "
+                              f"({self.full_attention_layers}) must be >= 0 (sliding_window 0 turns the window off)")
         if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
             raise ConfigError("model.norm_eps, model.rope_theta and model.init_std must be positive")
 

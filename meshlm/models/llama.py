@@ -80,9 +80,12 @@ def precompute_rope(cfg: ModelConfig, seq_len: int,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (x[i], x[i + Dh/2]) by the angles in cos/sin. x: (B, T, H, Dh); cos, sin: (T, Dh/2)."""
+    """Rotate (x[i], x[i + Dh/2]) by the angles in cos/sin. x: (B, T, H, Dh); cos, sin: (T, Dh/2) shared by the
+    batch, or (B, T, Dh/2) per row (explicit position ids, e.g. restarting per packed document)."""
     x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, H, Dh/2) each; rotated in fp32, cast back
-    cos, sin = cos[None, :, None, :].float(), sin[None, :, None, :].float()  # (1, T, 1, Dh/2)
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]  # (1, T, Dh/2)
+    cos, sin = cos[:, :, None, :].float(), sin[:, :, None, :].float()  # (B|1, T, 1, Dh/2)
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (B, T, H, Dh)
     return rotated.type_as(x)
 
@@ -129,8 +132,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+                start_pos: int = 0, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: None for plain causal attention, else a boolean (B|1, 1, T, S) mask, True = may attend
+        (see :func:`attention_mask`). It is a keyword so tensor-parallel input plans keep their 5-tuple."""
         B, T, _ = x.shape
         # Head counts come from the projections' outputs (-1), not from the config: tensor parallelism shards
         # wq/wk/wv by output rows (whole heads), so each rank sees only its local heads. Inferring from the
@@ -144,7 +149,10 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
         if cache is not None:
             k, v = cache.update(start_pos, k, v)  # (B, Hkv, S, Dh), S = start_pos + T
-        out = _causal_attention(q, k, v)  # (B, H, T, Dh)
+        if mask is None:
+            out = _causal_attention(q, k, v)  # (B, H, T, Dh)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
     def init_weights(self, init_std: float, out_std: float) -> None:
@@ -176,6 +184,45 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
+def attention_mask(T: int, S: int, *, window: int = 0, document_ids: torch.Tensor | None = None,
+                   device: torch.device | str | None = None) -> torch.Tensor | None:
+    """Which keys each query may attend to: a boolean (B|1, 1, T, S) mask, True = attend; None when the plain
+    causal mask is all that applies (the caller then takes sdpa's fast ``is_causal`` path).
+
+    The T queries are the last T of S positions (a KV cache holds the first S - T). Query i sees key j when
+    j <= i; with ``window`` also i - j < window (HF's sliding window: the query and window - 1 keys before it);
+    with ``document_ids`` (B, T), T == S, also only keys of its own document (block-diagonal causal, for packed
+    rows). Every query sees at least itself, so no row of the mask is empty (sdpa would return NaN for one).
+    """
+    if window >= S:  # no query is window or more positions past any key: the window changes nothing
+        window = 0
+    if not window and document_ids is None:
+        return None
+    q_pos = torch.arange(S - T, S, device=device)[:, None]  # (T, 1) positions of the queries
+    k_pos = torch.arange(S, device=device)[None, :]  # (1, S)
+    allowed = k_pos <= q_pos  # (T, S) causal, aligned bottom-right
+    if window:
+        allowed = allowed & (k_pos > q_pos - window)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if document_ids is not None:
+        same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
+        allowed = allowed & same[:, None]  # (B, 1, T, S)
+    return allowed
+
+
+def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:
+    """RoPE position ids that restart at 0 where each document starts: (B, T) ids -> (B, T) int64 positions.
+
+    A document is a run of equal consecutive ids, e.g. [[7, 7, 7, 2, 2, 9]] -> [[0, 1, 2, 0, 1, 0]].
+    """
+    B, T = document_ids.shape
+    index = torch.arange(T, device=document_ids.device).expand(B, T)  # (B, T)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # start of each one's run
+    return index - first
+
+
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 is the gate, w3 the up projection, w2 the down projection."""
 
@@ -204,9 +251,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None = None, start_pos: int = 0) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos)  # (B, T, D)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+                start_pos: int = 0, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask=mask)  # (B, T, D)
         return h + self.feed_forward(self.ffn_norm(h))  # (B, T, D)
 
     def init_weights(self, init_std: float, out_std: float) -> None:
@@ -265,27 +312,53 @@ class Transformer(nn.Module):
         device = buffer_device if buffer_device is not None else self.rope_cos.device
         self.rope_cos, self.rope_sin = precompute_rope(cfg, cfg.max_seq_len, device)
 
-    def forward(self, tokens: torch.Tensor, *, cache: list[KVCache] | None = None,
-                start_pos: int = 0) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, *, cache: list[KVCache] | None = None, start_pos: int = 0,
+                position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, T) ids -> logits (B, T, V).
 
         On a pipeline stage without tok_embeddings the input is hidden states (B, T, D); without output the
         result is hidden states. With a cache (one KVCache per layer of this module, in order) the tokens sit
         at positions start_pos.., and their keys/values are appended to the cache.
+
+        Packed rows: ``document_ids`` (B, T) makes attention block-diagonal causal (a token sees only earlier
+        tokens with the same id), and ``position_ids`` (B, T) gives each token's RoPE position (restarting at 0
+        per row, see :func:`positions_from_documents`; values must be < max_seq_len). With both, each packed row
+        gets the logits it would get alone. Neither can be combined with a cache.
         """
-        T = tokens.shape[1]  # from the input: under sequence parallelism h holds only T / tp positions
+        B, T = tokens.shape[:2]  # from the input: under sequence parallelism h holds only T / tp positions
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens  # (B, T, D)
         if start_pos + T > self.rope_cos.shape[0]:
             raise ValueError(f"positions up to {start_pos + T} exceed model.max_seq_len = {self.rope_cos.shape[0]}")
-        cos = self.rope_cos[start_pos:start_pos + T]  # (T, Dh/2)
-        sin = self.rope_sin[start_pos:start_pos + T]  # (T, Dh/2)
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.layers)}")
-        for i, layer in enumerate(self.layers.values()):
-            h = layer(h, cos, sin, cache[i] if cache is not None else None, start_pos)  # (B, T, D)
+        for name, ids in (("position_ids", position_ids), ("document_ids", document_ids)):
+            if ids is not None and (tuple(ids.shape) != (B, T) or cache is not None):
+                raise ValueError(f"{name} must be (B, T) = {(B, T)} and without a KV cache, got {tuple(ids.shape)}")
+        if position_ids is None:
+            cos = self.rope_cos[start_pos:start_pos + T]  # (T, Dh/2)
+            sin = self.rope_sin[start_pos:start_pos + T]  # (T, Dh/2)
+        else:
+            cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (B, T, Dh/2)
+        num_keys = start_pos + T if cache is not None else T  # without a cache, attention sees only these T
+        masks = self._attention_masks(T, num_keys, document_ids, tokens.device)
+        for i, (name, layer) in enumerate(self.layers.items()):
+            h = layer(h, cos, sin, cache[i] if cache is not None else None, start_pos, mask=masks[name])  # (B, T, D)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h  # (B, T, V) or (B, T, D)
+
+    def _attention_masks(self, T: int, S: int, document_ids: torch.Tensor | None,
+                         device: torch.device) -> dict[str, torch.Tensor | None]:
+        """Layer name -> its attention mask; built once per distinct window (layers keep their global index, so
+        a pipeline stage's layers get their own windows)."""
+        by_window: dict[int, torch.Tensor | None] = {}
+        masks = {}
+        for name in self.layers:
+            window = self.cfg.layer_window(int(name))
+            if window not in by_window:
+                by_window[window] = attention_mask(T, S, window=window, document_ids=document_ids, device=device)
+            masks[name] = by_window[window]
+        return masks
 
     def new_cache(self, batch_size: int, max_len: int, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None) -> list[KVCache]:
