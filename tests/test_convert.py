@@ -10,6 +10,7 @@ untransposed weight, wrong RoPE pairing or a missing bias change logits by 1e-2 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256  # noqa
 from meshlm.errors import CheckpointError  # noqa: E402
 from meshlm.generate import generate  # noqa: E402
 from meshlm.interop import convert_from_hf, convert_to_hf  # noqa: E402
+from meshlm.models import build_model  # noqa: E402
 from meshlm.tokenizer import MeshTokenizer  # noqa: E402
 from helpers import meshlm
 
@@ -37,11 +39,13 @@ FAMILIES = {
                                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
                ("<|begin_of_text|>", "<|end_of_text|>"), None),
     # vocab 512 > the tokenizer's 320: padded embedding rows, as Qwen ships them; no bos token, as Qwen.
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6, vocab_size=512),
+    # Sliding window 40 on layer 1 only (max_window_layers 1): meshlm's full_attention_layers.
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6, vocab_size=512,
+                                                      use_sliding_window=True, sliding_window=40, max_window_layers=1),
               (None, "<|endoftext|>"), None),
     # head_dim 32 != hidden / heads = 16; saved in several shards.
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1e6), (None, "<|im_end|>"), "40KB"),
-    # sliding window 48 < 128 positions: meshlm clamps the context to the window (docs/interop.md).
+    # sliding window 48 < the 128 positions compared: every layer attends to 48 keys at most.
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=48, head_dim=16), ("<s>", "</s>"), None),
 }
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<s>", "</s>"]
@@ -106,7 +110,7 @@ def test_hf_family_logits_generation_and_round_trip(family, hf_tokenizer, tmp_pa
     model, job, _, ckpt = model_from_checkpoint(out)
     assert result["num_params"] == sum(p.numel() for p in reference.parameters())
 
-    seq = job.model.max_seq_len  # 48 for mistral (the window), else 128
+    seq = job.model.max_seq_len  # 128: longer than the mistral and qwen2 windows
     tokens = torch.randint(0, reference.config.vocab_size, (2, seq), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         diff = (model(tokens) - reference(tokens).logits).abs().max().item()
@@ -123,7 +127,8 @@ def test_hf_family_logits_generation_and_round_trip(family, hf_tokenizer, tmp_pa
         assert exported[name].dtype == tensor.dtype and torch.equal(exported[name], tensor), name
     again, info = transformers.AutoModelForCausalLM.from_pretrained(back, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    with torch.no_grad():  # (Mistral comes back as LlamaForCausalLM: the same computation within the window)
+    assert type(again).__name__ == type(reference).__name__
+    with torch.no_grad():
         assert (again.eval()(tokens).logits - reference(tokens).logits).abs().max().item() < TOLERANCE
 
     # The converted tokenizer: HF's specials as bos/eos, and special strings in text stay text.
@@ -132,12 +137,22 @@ def test_hf_family_logits_generation_and_round_trip(family, hf_tokenizer, tmp_pa
     assert tok.eos_id not in tok.encode(f"hi {hf_tok.eos_token} there")
 
 
-def test_mistral_window_clamps_context_and_says_so(hf_tokenizer, tmp_path):
-    build_hf("mistral", hf_tokenizer, tmp_path / "hf")
+@pytest.mark.parametrize("family, window, full_layers", [("mistral", 48, 0), ("qwen2", 40, 1)])
+def test_sliding_window_is_read_and_matters(family, window, full_layers, hf_tokenizer, tmp_path):
+    """The window comes from config.json as transformers reads it, and changes logits beyond it (so the parity
+    test above checks the windowed computation, not a context clamped to the window)."""
+    build_hf(family, hf_tokenizer, tmp_path / "hf")
     result = convert_from_hf(tmp_path / "hf", tmp_path / "out")
-    assert result["notes"] and "sliding attention window of 48" in result["notes"][0]
-    _, job, _, _ = model_from_checkpoint(tmp_path / "out")
-    assert job.model.max_seq_len == 48 and job.data.seq_len <= 48
+    model, job, _, _ = model_from_checkpoint(tmp_path / "out")
+    assert (job.model.sliding_window, job.model.full_attention_layers, job.model.max_seq_len) == (window, full_layers,
+                                                                                                   128)
+    assert f"sliding attention window of {window} tokens" in result["notes"][0]
+    unwindowed = build_model(dataclasses.replace(job.model, sliding_window=0), "cpu")
+    unwindowed.load_state_dict(model.state_dict())
+    x = torch.randint(0, 320, (1, 128), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        diff = (model(x) - unwindowed.eval()(x)).abs()
+    assert diff[:, :window].max() == 0 and diff[:, window:].max() > 1e-3
 
 
 def test_fsdp_checkpoint_to_hf_and_back_through_the_cli(debug_dataset, tmp_path):

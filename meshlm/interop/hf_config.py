@@ -2,7 +2,8 @@
 
 Read side: every field of the ModelConfig is set from the HF config (flavour "debug" is only the base the
 loader starts from), and anything meshlm cannot compute exactly is refused with the key that causes it.
-Write side: the architecture follows the flags (qk_norm -> Qwen3, qkv_bias -> Qwen2, else Llama), and the RoPE
+Write side: the architecture follows the flags (qk_norm -> Qwen3, qkv_bias -> Qwen2, a sliding window -> Mistral,
+else Llama), and the RoPE
 settings are written both in the transformers 5 form (``rope_parameters``) and the 4.x form (``rope_theta`` +
 ``rope_scaling``) so either version loads the folder.
 """
@@ -37,24 +38,28 @@ def model_config_from_hf(hf: dict[str, Any], source: Path) -> tuple[ModelConfig,
     arch = architecture_of(hf, source)
     _refuse_unsupported(hf, arch, source)
     dim, n_heads = _req(hf, "hidden_size", source), _req(hf, "num_attention_heads", source)
-    max_len, notes = _context_length(hf, arch, source)
+    n_layers = _req(hf, "num_hidden_layers", source)
     rope = _rope_fields(hf, source)
+    window = _window_fields(hf, arch, n_layers, source)
+    notes = [f"sliding attention window of {window['sliding_window']} tokens on layers "
+             f"{window['full_attention_layers']}..{n_layers - 1}"] if window["sliding_window"] else []
     cfg = ModelConfig(
         flavor="debug",  # only the loader's base: every field below is explicit
         dim=dim,
-        n_layers=_req(hf, "num_hidden_layers", source),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         head_dim=hf.get("head_dim") or dim // n_heads,
         ffn_hidden_dim=_req(hf, "intermediate_size", source),
         vocab_size=_req(hf, "vocab_size", source),
-        max_seq_len=max_len,
+        max_seq_len=_req(hf, "max_position_embeddings", source),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=arch == "Qwen2ForCausalLM",
         qk_norm=arch == "Qwen3ForCausalLM",
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         init_std=float(hf.get("initializer_range", 0.02)),
         **rope,
+        **window,
     )
     try:
         cfg.validate()
@@ -89,24 +94,32 @@ def _refuse_unsupported(hf: dict[str, Any], arch: str, source: Path) -> None:
                               "(meshlm rotates the whole head)")
 
 
-def _context_length(hf: dict[str, Any], arch: str, source: Path) -> tuple[int, list[str]]:
-    """model.max_seq_len: max_position_embeddings, clamped to a sliding window when one is active.
+def _window_fields(hf: dict[str, Any], arch: str, n_layers: int, source: Path) -> dict[str, int]:
+    """model.sliding_window / full_attention_layers, as transformers decides per architecture.
 
-    meshlm has no sliding-window attention. Within the window, sliding-window and full causal attention are
-    the same computation (HF masks key j for query i only when i - j >= window), so clamping the context to the
-    window keeps the converted model exact everywhere meshlm lets it run, instead of silently differing beyond.
+    Mistral: ``sliding_window`` (null: none) on every layer. Qwen2 / Qwen3: only with ``use_sliding_window``,
+    on the layers ``layer_types`` marks "sliding_attention" (by default those from ``max_window_layers`` on);
+    meshlm represents "the first N layers full, the rest windowed", and refuses any other pattern.
     """
-    max_len = _req(hf, "max_position_embeddings", source)
     window = hf.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" or arch == "Qwen3ForCausalLM":
-        layer_types = hf.get("layer_types") or []
-        active = hf.get("use_sliding_window", False) or "sliding_attention" in layer_types
-        window = window if active else None
-    if window and window < max_len:
-        note = (f"{arch} uses a sliding attention window of {window} tokens and meshlm has no sliding window: "
-                f"model.max_seq_len is set to {window} (not {max_len}), where both are the same computation")
-        return int(window), [note]
-    return max_len, []
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not hf.get("use_sliding_window", False):
+        window = None
+    if arch == "LlamaForCausalLM" or not window:
+        return {"sliding_window": 0, "full_attention_layers": 0}
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise CheckpointError(f"{source}: 'sliding_window' = {window!r} must be a positive integer or null")
+    if arch == "MistralForCausalLM":
+        return {"sliding_window": window, "full_attention_layers": 0}
+    first = hf.get("max_window_layers", n_layers)
+    layer_types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                            for i in range(n_layers)]
+    windowed = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    first = windowed[0] if windowed else n_layers
+    if windowed != list(range(first, n_layers)) or len(layer_types) != n_layers:
+        raise CheckpointError(f"{source}: 'layer_types' puts sliding-window attention on layers {windowed}; meshlm "
+                              "supports a window on the last layers only (full attention on the first "
+                              "max_window_layers)")
+    return {"sliding_window": window if windowed else 0, "full_attention_layers": first if windowed else 0}
 
 
 def _rope_fields(hf: dict[str, Any], source: Path) -> dict[str, Any]:
@@ -142,12 +155,20 @@ def hf_architecture(cfg: ModelConfig) -> str:
     if cfg.qk_norm and cfg.qkv_bias:
         raise CheckpointError("the model has both qk_norm and qkv_bias; no Hugging Face architecture has exactly "
                               "that (Qwen3 with attention_bias also adds an o_proj bias)")
-    return "Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+    if cfg.qk_norm or cfg.qkv_bias:
+        return "Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM"
+    if not cfg.sliding_window:
+        return "LlamaForCausalLM"
+    if cfg.full_attention_layers:
+        raise CheckpointError("a window on some layers only (model.full_attention_layers > 0) exists in HF for "
+                              "Qwen2/Qwen3 (qkv_bias / qk_norm), not for a Llama/Mistral-shaped model")
+    return "MistralForCausalLM"
 
 
 def hf_config_from_model(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int] | None,
-                         pad_id: int | None) -> dict[str, Any]:
-    """A config.json that transformers 4.45+ and 5.x load with no custom code."""
+                         pad_id: int | None, dtype: str = "float32") -> dict[str, Any]:
+    """A config.json that transformers 4.45+ and 5.x load with no custom code; ``dtype`` names the weights'
+    torch dtype (float32, bfloat16, float16)."""
     arch = hf_architecture(cfg)
     rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     rope_scaling = None
@@ -180,13 +201,17 @@ def hf_config_from_model(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int
         "eos_token_id": eos,
         "pad_token_id": pad_id,
         "use_cache": True,
-        "dtype": "float32",
-        "torch_dtype": "float32",
+        "dtype": dtype,
+        "torch_dtype": dtype,
     }
+    window = cfg.sliding_window or None
     if arch == "LlamaForCausalLM":
         out.update(attention_bias=False, mlp_bias=False)
-    else:  # Qwen2 / Qwen3: full attention in every layer
-        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers)
+    elif arch == "MistralForCausalLM":
+        out.update(sliding_window=window)
+    else:  # Qwen2 / Qwen3: layers from max_window_layers on use the window
+        out.update(use_sliding_window=window is not None, sliding_window=window,
+                   max_window_layers=cfg.full_attention_layers if window else cfg.n_layers)
         if arch == "Qwen3ForCausalLM":
             out.update(attention_bias=False)
     return out
