@@ -278,6 +278,30 @@ def test_existing_output_is_refused_unless_overwrite(good_hf, tmp_path, capsys):
     assert code == 2 and "--max-shard-size 'big'" in err and not (tmp_path / "x").exists()
 
 
+def test_generate_cli_stops_at_any_eos_id_of_generation_config(good_hf, tmp_path, capsys):
+    """An HF model whose generation_config.json lists two eos ids (as Llama 3.1 Instruct lists three) stops at the
+    second one too, which it meets before the tokenizer's own eos."""
+    out = convert_from_hf(good_hf, tmp_path / "plain")["out"]
+    model = model_from_checkpoint(out)[0]
+    eos = MeshTokenizer.load(model_from_checkpoint(out)[3] / "tokenizer.json").eos_id
+    free = generate(model, [1, 2, 3], 12, greedy=True, eos_id=None)
+    stop_at = next(i for i in range(1, 11) if free[i] not in free[:i])  # first met at step stop_at < 11
+    assert eos not in free[:stop_at + 1]  # so only the second eos id can stop it there
+    hf_dir = _copy(good_hf, tmp_path / "hf")
+    _edit_json(hf_dir / "generation_config.json", eos_token_id=[eos, free[stop_at]])
+    convert_from_hf(hf_dir, tmp_path / "two-eos")
+    from meshlm.cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--checkpoint", str(tmp_path / "two-eos"), "--prompt-ids", "1,2,3", "--greedy",
+              "--max-new-tokens", "12", "--json"])
+    assert exc.value.code == 0
+    sample = json.loads(capsys.readouterr().out)
+    assert sample["eos_ids"] == [eos, free[stop_at]]
+    assert sample["generated_ids"] == free[:stop_at + 1]  # shorter than the 12 it would give without the stop
+
+
 def test_failure_midway_leaves_nothing(good_hf, tmp_path, monkeypatch):
     import meshlm.interop.hf as hf
 

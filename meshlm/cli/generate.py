@@ -39,6 +39,7 @@ def parse_ids(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from meshlm.checkpoint.load import model_from_checkpoint
     from meshlm.generate import generate
+    from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
     from meshlm.tokenizer import MeshTokenizer
 
     if args.max_new_tokens < 1 or args.num_samples < 1:
@@ -53,14 +54,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []  # e.g. Qwen's tokenizer has no bos
         prompt = bos + tokenizer.encode(args.prompt or "")
+    eos_ids = checkpoint_eos_ids(ckpt, tokenizer.eos_id)  # e.g. Llama 3.1 Instruct ends turns with several
     for i in range(args.num_samples):
         new = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, greedy=args.greedy, eos_id=tokenizer.eos_id, seed=args.seed + i,
+                       top_p=args.top_p, greedy=args.greedy, eos_id=eos_ids, seed=args.seed + i,
                        device=args.device, vocab_limit=tokenizer.vocab_size)
         ids = prompt + new
         if args.json:
             print(json.dumps({"ids": ids, "text": tokenizer.decode(ids), "prompt_ids": prompt,
-                              "generated_ids": new, "completion": tokenizer.decode(new)}))
+                              "generated_ids": new, "completion": tokenizer.decode(new), "eos_ids": eos_ids}))
         else:
             print(tokenizer.decode(ids, skip_special_tokens=True))
     return 0

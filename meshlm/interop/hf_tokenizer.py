@@ -9,7 +9,7 @@ checkpoint). Which tokens those are follows what transformers itself would use:
 - otherwise ``generation_config.json``'s ``*_token_id``, then ``config.json``'s.
 
 All the eos ids of ``generation_config.json`` (Llama 3.1 Instruct has three) are kept in the meta file and
-written back on export; ``meshlm generate`` stops at the first one (``eos_token``).
+written back on export; ``meshlm generate`` stops at any of them (:func:`checkpoint_eos_ids`).
 
 Export: ``tokenizer.json`` as is, plus the checkpoint's original ``tokenizer_config.json`` when it came from HF
 (it carries the chat template), else a minimal one naming ``PreTrainedTokenizerFast`` and the special tokens.
@@ -104,6 +104,14 @@ def read_meta(ckpt: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is unreadable ({exc}); the checkpoint is damaged") from None
+
+
+def checkpoint_eos_ids(ckpt: Path, eos_id: int) -> list[int]:
+    """Every id that ends a generation for the checkpoint in ``ckpt``: the tokenizer's ``eos_id`` first, then the
+    other ``eos_ids`` of its tokenizer_meta.json (from an HF generation_config.json); just ``eos_id`` otherwise."""
+    meta = read_meta(ckpt) or {}
+    extra = meta.get("eos_ids") or []
+    return [eos_id] + [i for i in _all_ids(extra) if i != eos_id]
 
 
 def hf_tokenizer_config(bos: str | None, eos: str, pad: str | None, max_len: int) -> dict[str, Any]:
