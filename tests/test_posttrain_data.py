@@ -393,3 +393,26 @@ def test_preference_loader_layout(tok, tmp_path):
     other = PreferenceLoader(pairs, 16, 2, pad_id=pad_id_for(tok), shuffle=False)
     other.load_state_dict(loader.state_dict())
     assert other.samples_consumed == 2
+
+
+def test_packing_invariance_on_the_debug_llama():
+    """The real model (document_ids / position_ids inputs): packed and padded batches, same loss sum and grads."""
+    from meshlm.models import build_model, flavor_config
+
+    cfg = flavor_config("debug")
+    model = build_model(cfg, "cpu", seed=0)
+    ex = [Encoded([i % 2000 + 7 for i in e.ids], e.loss_mask) for e in _examples(10, seed=6)]
+    results = []
+    for packing in (True, False):
+        loader = SFTLoader(ex, 32, 1, pad_id=0, packing=packing, shuffle=False)
+        batch = _stack([loader.next_batch() for _ in range(loader.num_sequences)])
+        model.zero_grad()
+        logits = model(batch["input_ids"], position_ids=batch["position_ids"], document_ids=batch["document_ids"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss_p, grads_p), (loss_u, grads_u) = results
+    torch.testing.assert_close(loss_p, loss_u, rtol=1e-6, atol=1e-5)
+    for a, b in zip(grads_p, grads_u):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # fp32 sums over rows in another order
