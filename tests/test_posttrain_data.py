@@ -16,6 +16,7 @@ from meshlm.data.posttrain import (
     HFChatTemplate,
     MeshChatTemplate,
     PreferenceLoader,
+    PromptLoader,
     RowEncoder,
     SFTLoader,
     build_sequence,
@@ -416,3 +417,21 @@ def test_packing_invariance_on_the_debug_llama():
     torch.testing.assert_close(loss_p, loss_u, rtol=1e-6, atol=1e-5)
     for a, b in zip(grads_p, grads_u):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # fp32 sums over rows in another order
+
+
+def test_prompt_loader_keeps_extras_and_resumes(tok, tmp_path):
+    rows = read_rows(_write_jsonl(tmp_path / "q.jsonl", [{"prompt": f"question {i}", "answer": i} for i in range(6)]),
+                     objective="grpo")
+    prompts, _ = encode_prompts(rows, RowEncoder(tok), max_tokens=16)
+    loader = PromptLoader(prompts, 4, extras=[r.extra for r in rows], max_prompt_tokens=16, seed=1)
+    first, second = loader.next_batch(), loader.next_batch()
+    for batch in (first, second):
+        for i, ids, extra in zip(batch["index"], batch["prompt_ids"], batch["extra"]):
+            assert ids == prompts[i] and extra == {"answer": i}
+    assert sorted(first["index"] + second["index"][:2]) == list(range(6))  # the first epoch, in some order
+    rank1 = PromptLoader(prompts, 4, extras=[r.extra for r in rows], max_prompt_tokens=16, seed=1, dp_rank=1,
+                         dp_size=2)
+    rank1.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    third = PromptLoader(prompts, 4, extras=[r.extra for r in rows], max_prompt_tokens=16, seed=1)
+    third.load_state_dict(loader.state_dict())
+    assert rank1.next_batch()["index"] == third.next_batch()["index"][2:]

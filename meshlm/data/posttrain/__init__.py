@@ -15,7 +15,7 @@ from meshlm.data.posttrain.encode import (
     encode_pairs,
     encode_prompts,
 )
-from meshlm.data.posttrain.loaders import PreferenceLoader, SFTLoader
+from meshlm.data.posttrain.loaders import PreferenceLoader, PromptLoader, SFTLoader
 from meshlm.data.posttrain.packing import build_sequence, plan_packing, plan_padded, row_labels
 from meshlm.data.posttrain.rows import OBJECTIVE_KINDS, Row, check_kinds, parse_row, read_rows
 from meshlm.data.posttrain.templates import (
@@ -45,6 +45,7 @@ __all__ = [
     "MeshChatTemplate",
     "PreferenceLoader",
     "PreferencePair",
+    "PromptLoader",
     "Row",
     "RowEncoder",
     "SFTLoader",

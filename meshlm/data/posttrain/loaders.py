@@ -12,6 +12,8 @@ without shuffling); global batch b is samples ``[b*G, (b+1)*G)`` and dp rank r o
   ``attention_mask`` (bool), ``position_ids``, ``document_ids`` (0 real, 1 padding), all (2B, T), and
   ``prompt_lengths`` and ``lengths`` (2B,): the response starts at ``prompt_lengths`` and the last real token
   is at ``lengths - 1`` (where a reward model reads its score).
+- :class:`PromptLoader`: an item is one prompt (PPO/GRPO rollouts). Batches are ragged: ``prompt_ids`` (a list
+  of token-id lists), ``extra`` (each row's other fields, for a reward function) and ``index`` (row numbers).
 """
 
 from __future__ import annotations
@@ -190,6 +192,49 @@ class PreferenceLoader:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
+        return self.next_batch()
+
+    def state_dict(self) -> dict:
+        return self._order.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._order.load_state_dict(state)
+
+
+class PromptLoader:
+    """Batches of prompts to generate from (module docstring for the layout)."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], global_batch_size: int, *,
+                 extras: Sequence[dict] | None = None, max_prompt_tokens: int, dp_rank: int = 0, dp_size: int = 1,
+                 seed: int = 0, shuffle: bool = True) -> None:
+        self.prompts = [list(p) for p in prompts]
+        self.extras = list(extras) if extras is not None else [{} for _ in self.prompts]
+        if len(self.extras) != len(self.prompts):
+            raise ValueError(f"{len(self.extras)} extras for {len(self.prompts)} prompts")
+        longest = max((len(p) for p in self.prompts), default=0)
+        if longest > max_prompt_tokens:
+            raise DataError(f"a prompt has {longest} tokens, more than {max_prompt_tokens}; truncate prompts first "
+                            "(encode_prompts)")
+        sides = [Encoded(p, [False] * len(p)) for p in self.prompts]
+        self._order = _Order("prompt", len(self.prompts), _fingerprint(sides, "prompt"), max_prompt_tokens,
+                             global_batch_size, dp_rank, dp_size, seed, shuffle)
+
+    @property
+    def samples_consumed(self) -> int:
+        return self._order.samples_consumed
+
+    def next_batch(self) -> dict[str, list]:
+        items = self._order.next_items()
+        return {"prompt_ids": [list(self.prompts[i]) for i in items], "extra": [self.extras[i] for i in items],
+                "index": items}
+
+    def reset(self) -> None:
+        self._order.samples_consumed = 0
+
+    def __iter__(self) -> PromptLoader:
+        return self
+
+    def __next__(self) -> dict[str, list]:
         return self.next_batch()
 
     def state_dict(self) -> dict:
