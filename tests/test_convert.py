@@ -24,6 +24,7 @@ from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256  # noqa
 from meshlm.errors import CheckpointError  # noqa: E402
 from meshlm.generate import generate  # noqa: E402
 from meshlm.interop import convert_from_hf, convert_to_hf  # noqa: E402
+from meshlm.interop.hf import hf_name  # noqa: E402
 from meshlm.models import build_model  # noqa: E402
 from meshlm.tokenizer import MeshTokenizer  # noqa: E402
 from helpers import meshlm
@@ -300,6 +301,65 @@ def test_generate_cli_stops_at_any_eos_id_of_generation_config(good_hf, tmp_path
     sample = json.loads(capsys.readouterr().out)
     assert sample["eos_ids"] == [eos, free[stop_at]]
     assert sample["generated_ids"] == free[:stop_at + 1]  # shorter than the 12 it would give without the stop
+
+
+@pytest.mark.parametrize("dtype, torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_to_hf_dtype_writes_that_dtype(dtype, torch_dtype, good_hf, tmp_path, capsys):
+    run = convert_from_hf(good_hf, tmp_path / "m")["out"]
+    code, err = run_cli(["convert", "to-hf", run, str(tmp_path / "hf"), "--dtype", dtype], capsys)
+    assert code == 0, err
+    ours = model_from_checkpoint(run)[0]
+    exported = read_safetensors(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["torch_dtype"] == config["dtype"] == str(torch_dtype).removeprefix("torch.")
+    assert {t.dtype for t in exported.values()} == {torch_dtype}
+    for name, tensor in ours.state_dict().items():  # each value rounded once from meshlm's fp32
+        assert torch.equal(exported[hf_name(name)], tensor.to(torch_dtype)), name
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    rounded = model_from_checkpoint(run)[0]
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch_dtype).float())
+        x = torch.randint(0, 320, (1, 32), generator=torch.Generator().manual_seed(4))
+        assert (hf(x).logits - rounded(x)).abs().max().item() < TOLERANCE
+
+
+def test_to_hf_fp16_refuses_values_out_of_range(good_hf, tmp_path):
+    run = convert_from_hf(good_hf, tmp_path / "m")["out"]
+    model, job, _, ckpt = model_from_checkpoint(run)
+    from meshlm.interop.hf import _export_tensors
+
+    with torch.no_grad():
+        model.norm.weight[0] = 1e5
+    with pytest.raises(CheckpointError, match="tensor 'norm.weight' has values beyond fp16's range"):
+        _export_tensors(model, job.model, torch.float16)
+    assert _export_tensors(model, job.model, torch.bfloat16)["model.norm.weight"][0] == 99840.0  # bf16 holds it
+
+
+def test_from_hf_streams_one_tensor_at_a_time(good_hf, tmp_path, monkeypatch):
+    """convert_from_hf never holds more than one weight tensor read from the files (so never the model)."""
+    import gc
+    import weakref
+
+    from meshlm.interop.hf_files import SafetensorsWeights
+
+    alive: list[weakref.ref] = []
+    most = [0]
+    read = SafetensorsWeights.read
+
+    def counting_read(self, name):
+        gc.collect()
+        most[0] = max(most[0], sum(ref() is not None for ref in alive))  # tensors from earlier reads still held
+        tensor = read(self, name)
+        alive.append(weakref.ref(tensor))
+        return tensor
+
+    monkeypatch.setattr(SafetensorsWeights, "read", counting_read)
+    convert_from_hf(good_hf, tmp_path / "m")
+    assert len(alive) >= 2 * 9 + 3 and most[0] <= 1, most  # every tensor read, at most one other alive meanwhile
+    model = model_from_checkpoint(tmp_path / "m")[0]
+    original = read_safetensors(good_hf)
+    assert all(torch.equal(t, original[hf_name(n)]) for n, t in model.state_dict().items())
 
 
 def test_failure_midway_leaves_nothing(good_hf, tmp_path, monkeypatch):

@@ -117,9 +117,11 @@ class CheckpointManager:
         self.rank = rank
 
     def save(self, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None,
-             train_state: dict[str, Any], config_toml: str, extra_files: dict[str, Path] | None = None) -> Path:
+             train_state: dict[str, Any], config_toml: str, extra_files: dict[str, Path] | None = None,
+             planner: dcp.SavePlanner | None = None) -> Path:
         """Collective when distributed: every rank calls it. ``extra_files`` (e.g. the tokenizer) are copied in
-        so the checkpoint is self-contained."""
+        so the checkpoint is self-contained. ``planner``: a DCP save planner, e.g. one that reads each tensor
+        only when it is written (``convert from-hf`` streams a model this way)."""
         final = self.root / step_dir_name(step)
         tmp = self.root / (step_dir_name(step) + ".tmp")
         if self.rank == 0:
@@ -129,7 +131,7 @@ class CheckpointManager:
         state = _PartStates(parts, optimizers)  # optimizers=None: weights only (e.g. a converted model)
         tensors = {"model": state.model} if state.optimizer is None else {"model": state.model,
                                                                           "optimizer": state.optimizer}
-        dcp.save(tensors, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist())
+        dcp.save(tensors, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist(), planner=planner)
         torch.save(_rng_state(), tmp / "rng" / f"rank-{self.rank:05d}.pt")
         _barrier()
         if self.rank == 0:

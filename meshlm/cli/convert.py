@@ -23,6 +23,8 @@ def register(sub, add_config_args) -> None:
     dst.add_argument("out_dir", metavar="OUT_DIR", help="the HF folder to create")
     dst.add_argument("--max-shard-size", default="5GB", help="split model.safetensors into shards of at most "
                      "this size (5GB = 5*10^9 bytes, 5GiB = 5*2^30), with model.safetensors.index.json")
+    dst.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
+                     help="dtype of the written weights (config.json's torch_dtype says the same)")
     dst.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     dst.add_argument("--json", action="store_true", help="print the result as JSON")
     dst.set_defaults(handler=run_to_hf)
@@ -47,7 +49,7 @@ def run_to_hf(args: argparse.Namespace) -> int:
     from meshlm.interop.hf_files import parse_size
 
     result = convert_to_hf(args.checkpoint, args.out_dir, max_shard_bytes=parse_size(args.max_shard_size),
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, dtype=args.dtype)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

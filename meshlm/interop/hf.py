@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import DefaultSavePlanner, SavePlanner
+from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from meshlm.errors import CheckpointError
+from meshlm.errors import CheckpointError, ConfigError
 from meshlm.interop.hf_config import architecture_of, hf_config_from_model, model_config_from_hf
 from meshlm.interop.hf_files import (
     SafetensorsWeights,
@@ -29,6 +31,7 @@ from meshlm.interop.hf_tokenizer import hf_tokenizer_config, load_hf_tokenizer, 
 from meshlm.models.config import ModelConfig
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # "5GB", transformers' default
+EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # meshlm name -> HF name. Per layer (under layers.<i> / model.layers.<i>), then the rest.
 _LAYER_NAMES = {
@@ -92,7 +95,6 @@ def convert_from_hf(hf_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     meta = tokenizer_meta(hf_dir, tokenizer, hf_config, cfg.vocab_size)
     check_output(out, overwrite, [hf_dir])
 
-    model = _load_model(cfg, weights, hf_names)
     arch = architecture_of(hf_config, hf_dir / "config.json")
     meta["converted_from"] = {"format": "huggingface", "architecture": arch, "path": str(hf_dir.resolve())}
     with atomic_folder(out) as tmp, tempfile.TemporaryDirectory() as staging:
@@ -101,9 +103,9 @@ def convert_from_hf(hf_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
         write_json(extra["tokenizer_meta.json"], meta)
         if (hf_dir / "tokenizer_config.json").is_file():  # kept for the round trip (chat template, classes)
             extra["tokenizer_config.json"] = hf_dir / "tokenizer_config.json"
-        ckpt = _save_run_dir(tmp, model, cfg, meta["converted_from"], extra)
+        ckpt = _save_run_dir(tmp, cfg, _StreamingPlanner(weights, hf_names, cfg), meta["converted_from"], extra)
     return {"out": str(out), "checkpoint": str(out / ckpt.relative_to(tmp)), "architecture": arch,
-            "num_params": model.num_params(), "notes": notes}
+            "num_params": cfg.num_params(), "notes": notes}
 
 
 def _check_tensors(weights: SafetensorsWeights, cfg: ModelConfig) -> dict[str, str]:
@@ -129,27 +131,35 @@ def _check_tensors(weights: SafetensorsWeights, cfg: ModelConfig) -> dict[str, s
     return names
 
 
-def _load_model(cfg: ModelConfig, weights: SafetensorsWeights, hf_names: dict[str, str]) -> torch.nn.Module:
-    """The meshlm model with the HF weights, in fp32 (bf16/fp16 weights upcast exactly)."""
-    from meshlm.models.llama import Transformer, precompute_rope
+class _StreamingPlanner(DefaultSavePlanner):
+    """A DCP save planner that plans from a meta-device model and reads each tensor from the safetensors files
+    only when DCP writes it, so converting holds one tensor (in fp32) at a time, never the model.
 
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.to_empty(device="cpu")  # no random init: every parameter is overwritten below
-    model.rope_cos, model.rope_sin = precompute_rope(cfg, cfg.max_seq_len)  # non-persistent buffers
-    params = dict(model.named_parameters(remove_duplicate=False))
-    by_hf = {hf: name for name, hf in hf_names.items()}
-    with torch.no_grad():
-        for hf, tensor in weights.load(list(by_hf)):
-            params[by_hf[hf]].copy_(tensor.to(torch.float32))
-    model.eval()
-    return model
+    DCP asks ``lookup_object`` for each tensor in turn while writing (one file, serially, on one process);
+    bf16/fp16 weights are upcast exactly to the fp32 the meshlm model keeps.
+    """
+
+    def __init__(self, weights: SafetensorsWeights, hf_names: dict[str, str], cfg: ModelConfig) -> None:
+        super().__init__()
+        self._weights = weights
+        self._hf_names = dict(hf_names)
+        if cfg.tie_embeddings:  # the meta model's state dict lists the tied head under its own name too
+            self._hf_names["output.weight"] = hf_names["tok_embeddings.weight"]
+
+    def lookup_object(self, index: MetadataIndex) -> Any:
+        obj = super().lookup_object(index)
+        if isinstance(obj, torch.Tensor) and obj.is_meta:  # the checkpoint key is "model.<meshlm name>"
+            tensor = self._weights.read(self._hf_names[index.fqn.removeprefix("model.")])
+            return tensor.to(torch.float32)
+        return obj
 
 
-def _save_run_dir(run_dir: Path, model: torch.nn.Module, cfg: ModelConfig, source: dict[str, Any],
+def _save_run_dir(run_dir: Path, cfg: ModelConfig, planner: SavePlanner, source: dict[str, Any],
                   extra_files: dict[str, Path]) -> Path:
+    """config.resolved.toml and a weights-only step-0 checkpoint whose tensors ``planner`` supplies."""
     from meshlm.checkpoint.manager import CheckpointManager
     from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.models.llama import Transformer
     from meshlm.train.run_dir import RESOLVED
 
     job = load_config(None)
@@ -159,17 +169,23 @@ def _save_run_dir(run_dir: Path, model: torch.nn.Module, cfg: ModelConfig, sourc
     toml = config_to_toml(job)
     (run_dir / RESOLVED).write_text(toml, encoding="utf-8")
     state = {"tokens_seen": 0, "converted_from": source}
-    return CheckpointManager(run_dir, keep_last=1).save(0, [model], None, state, toml, extra_files=extra_files)
+    with torch.device("meta"):
+        model = Transformer(cfg)  # shapes and names only: the planner reads each tensor when it is written
+    return CheckpointManager(run_dir, keep_last=1).save(0, [model], None, state, toml, extra_files=extra_files,
+                                                        planner=planner)
 
 
 # ------------------------------------------------------------------------------------------------- export
 def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                  overwrite: bool = False) -> dict[str, Any]:
+                  overwrite: bool = False, dtype: str = "fp32") -> dict[str, Any]:
     """Write a meshlm checkpoint (run dir or step folder, any parallel layout) as an HF folder that
-    ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code."""
+    ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code; the weights are
+    stored in ``dtype`` (fp32, bf16 or fp16; round to nearest even from meshlm's fp32)."""
     from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
     from meshlm.tokenizer import MeshTokenizer
 
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(EXPORT_DTYPES)}")
     out_dir = Path(out_dir)
     ckpt = resolve_checkpoint(checkpoint)
     check_output(out_dir, overwrite, [Path(checkpoint), ckpt])
@@ -183,9 +199,10 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
                               f"model's {cfg.vocab_size} embedding rows; the checkpoint is inconsistent")
     meta = read_meta(ckpt) or {}
     eos_ids = meta.get("eos_ids") or [tokenizer.eos_id]
-    config = hf_config_from_model(cfg, tokenizer.bos_id, eos_ids, tokenizer.pad_id)
-    tensors = {hf_name(name): t.detach().to(torch.float32).contiguous().clone()  # clone: no shared storage
-               for name, t in model.state_dict().items() if not (cfg.tie_embeddings and name == "output.weight")}
+    torch_dtype = EXPORT_DTYPES[dtype]
+    config = hf_config_from_model(cfg, tokenizer.bos_id, eos_ids, tokenizer.pad_id,
+                                  dtype=str(torch_dtype).removeprefix("torch."))
+    tensors = _export_tensors(model, cfg, torch_dtype)
     with atomic_folder(out_dir) as tmp:
         write_json(tmp / "config.json", config)
         write_json(tmp / "generation_config.json", {key: config[key] for key in
@@ -201,3 +218,18 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
                 token(tokenizer.pad_id) if tokenizer.pad_id is not None else None, cfg.max_seq_len))
     return {"out": str(out_dir), "checkpoint": str(ckpt), "architecture": config["architectures"][0],
             "num_params": model.num_params(), "weight_files": files}
+
+
+def _export_tensors(model: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """HF name -> tensor in ``dtype``. In fp32 these are the model's own parameters (no second copy of the model:
+    parameters never share storage once the tied head is left out); fp16 refuses values it cannot hold."""
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if cfg.tie_embeddings and name == "output.weight":
+            continue  # HF ties lm_head to the embedding on load
+        out = t.detach().to(dtype).contiguous()
+        if dtype == torch.float16 and torch.isinf(out).any() and not torch.isinf(t).any():
+            raise CheckpointError(f"tensor '{name}' has values beyond fp16's range (|x| > 65504, max "
+                                  f"{t.abs().max().item():.3g}); export with --dtype bf16 or fp32")
+        tensors[hf_name(name)] = out
+    return tensors

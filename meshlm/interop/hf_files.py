@@ -77,6 +77,14 @@ class SafetensorsWeights:
                 for name in file_names:
                     yield name, f.get_tensor(name)
 
+    def read(self, name: str) -> torch.Tensor:
+        """One tensor, opening its file for this read only (the file's memory map is released right after, so
+        pages of the other tensors never accumulate in this process's resident memory)."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.entries[name][0]), framework="pt") as f:
+            return f.get_tensor(name)
+
     def check_float(self, name: str) -> None:
         dtype = self.entries[name][2]
         if dtype not in _FLOAT_DTYPES:
