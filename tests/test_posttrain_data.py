@@ -21,6 +21,7 @@ from meshlm.data.posttrain import (
     SFTLoader,
     build_sequence,
     chat_template_for,
+    check_vocab,
     encode_examples,
     encode_pairs,
     encode_prompts,
@@ -435,3 +436,9 @@ def test_prompt_loader_keeps_extras_and_resumes(tok, tmp_path):
     third = PromptLoader(prompts, 4, extras=[r.extra for r in rows], max_prompt_tokens=16, seed=1)
     third.load_state_dict(loader.state_dict())
     assert rank1.next_batch()["index"] == third.next_batch()["index"][2:]
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tok):
+    check_vocab(tok, tok.vocab_size, "t.json")  # equal (or padded embedding rows) is fine
+    with pytest.raises(DataError, match=r"tokenizer t.json has 320 tokens but the model's embedding has 300 rows"):
+        check_vocab(tok, 300, "t.json")

@@ -102,6 +102,14 @@ class RowEncoder:
         return self.template.encode_prompt(row.prompt, where=row.where)
 
 
+def check_vocab(tokenizer: MeshTokenizer, model_vocab_size: int, source: str) -> None:
+    """Refuse a tokenizer whose ids do not all have a row in the model's embedding (``source`` names it)."""
+    if tokenizer.vocab_size > model_vocab_size:
+        raise DataError(f"tokenizer {source} has {tokenizer.vocab_size} tokens but the model's embedding has "
+                        f"{model_vocab_size} rows (model.vocab_size); use the tokenizer the model was trained or "
+                        "converted with (with checkpoint.init_from, the checkpoint's tokenizer.json)")
+
+
 def encode_examples(rows: Sequence[Row], encoder: RowEncoder, max_tokens: int) -> tuple[list[Encoded], EncodeStats]:
     """SFT rows, truncated to ``max_tokens``; rows without a loss token left are dropped (counted)."""
     stats = EncodeStats(rows=len(rows))

@@ -129,10 +129,10 @@ class HFChatTemplate:
                                 "(it is not prefix-stable), so its assistant span cannot be found; use a template "
                                 "that renders earlier turns unchanged, or split the conversation")
             spans.append((len(before), len(upto)))
-        return self._encode_text(full, messages, spans)
+        return self._encode_text(full, messages, spans, where)
 
     def encode_prompt(self, messages: list[Message], *, where: str = "") -> list[int]:
-        return self._encode_text(self._render(messages, True, where), messages, []).ids
+        return self._encode_text(self._render(messages, True, where), messages, [], where).ids
 
     # --- rendering and encoding -----------------------------------------------------------------------------
     def _render(self, messages: list[Message], add_generation_prompt: bool, where: str) -> str:
@@ -146,7 +146,7 @@ class HFChatTemplate:
             raise DataError(f"{where}: {self.source} refused this conversation ({e}); fix the row or the "
                             "template") from None
 
-    def _encode_text(self, text: str, messages: list[Message], spans: list[tuple[int, int]]) -> Encoded:
+    def _encode_text(self, text: str, messages: list[Message], spans: list[tuple[int, int]], where: str) -> Encoded:
         """Encode a rendered text: placeholders become the plain-text content, the rest is template markup."""
         cuts = sorted({0, len(text)} | {c for span in spans for c in span})
         for m in _PLACEHOLDER_RE.finditer(text):
@@ -161,8 +161,8 @@ class HFChatTemplate:
             if placeholder:
                 index = int(placeholder.group(1))
                 if index in seen:
-                    raise DataError(f"{self.source} repeats message {index}'s content; such templates are not "
-                                    "supported for training")
+                    raise DataError(f"{where}: {self.source} repeats message {index}'s content; such templates "
+                                    "are not supported for training")
                 seen.add(index)
                 piece_ids = self.tokenizer.encode(messages[index]["content"])  # never yields a special
             else:
