@@ -286,6 +286,8 @@ def test_rlhf_rewards_put_the_score_on_the_last_response_token():
             expect = -0.1 * (logps[b, t] - ref[b, t]).item() if mask[b, t] else 0.0
             expect += scores[b].item() if t == last else 0.0
             assert r[b, t].item() == pytest.approx(expect, abs=1e-6)
+    mask[2] = False  # an empty response: no score anywhere
+    assert (L.rlhf_rewards(scores, logps, ref, mask)[2] == 0).all()
 
 
 def test_clipped_policy_loss_per_token_and_gradients():

@@ -240,10 +240,13 @@ def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str = "k
 
 def rlhf_rewards(scores: torch.Tensor, logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor,
                  kl_coef: float = 0.05, estimator: str = "k1") -> torch.Tensor:
-    """Per-token rewards: −kl_coef·KL on every response token, plus the sequence score on the last one. (B, T)."""
+    """Per-token rewards: −kl_coef·KL on every response token, plus the sequence score on the last one. (B, T).
+
+    A row with an empty response gets no reward at all."""
     rewards = -kl_coef * kl_penalty(logps, ref_logps, estimator) * mask
-    last = mask.long().cumsum(-1).argmax(-1)  # index of the last response token
-    return rewards.scatter_add(1, last.unsqueeze(1), scores.float().unsqueeze(1))
+    last = mask.long().cumsum(-1).argmax(-1)  # index of the last response token (first max of the running count)
+    scores = scores.float() * mask.any(-1)
+    return rewards.scatter_add(1, last.unsqueeze(1), scores.unsqueeze(1))
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
