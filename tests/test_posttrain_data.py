@@ -108,8 +108,9 @@ def test_invalid_json_and_wrong_kind_for_the_objective(tmp_path):
     assert read_rows(path, objective="sft")
     with pytest.raises(DataError, match=r"e.jsonl:1: a prompt_completion row, but training.objective='dpo'"):
         read_rows(path, objective="dpo")
+    (tmp_path / "x.txt").write_text("a")
     with pytest.raises(DataError, match="not a JSON Lines file"):
-        read_rows((tmp_path / "x.txt").write_text("a") and tmp_path / "x.txt")
+        read_rows(tmp_path / "x.txt")
     with pytest.raises(DataError, match="no rows"):
         read_rows(_write_jsonl(tmp_path / "empty.jsonl", [""]))
 
