@@ -146,7 +146,11 @@ class CheckpointConfig:
 @dataclass
 class MetricsConfig:
     interval: int = option(10, "Log metrics every N steps.")
-    tensorboard: bool = option(True, "Also write TensorBoard events when the tensorboard package is installed.")
+    tensorboard: bool = option(True, "Also write TensorBoard events to RUN_DIR/tensorboard/.")
+    comm_sample_interval: int = option(50, "Count collective bytes/calls and profile their time on one step "
+                                           "every N steps (the first sample is a process's 2nd step; "
+                                           "multi-rank runs only). Records carry the latest sample with "
+                                           "comm_measured_step; 0 = sample once.")
     progress: str = option("auto", "auto: a rich progress bar on a terminal, plain log lines otherwise.",
                            choices=("auto", "rich", "plain"))
     wandb: bool = option(False, "Also log to Weights & Biases in offline mode (files under RUN_DIR/wandb; "
@@ -156,6 +160,9 @@ class MetricsConfig:
     def validate(self) -> None:
         if self.interval < 1:
             raise ConfigError(f"metrics.interval must be at least 1, got {self.interval}")
+        if self.comm_sample_interval < 0:
+            raise ConfigError(f"metrics.comm_sample_interval must be 0 (sample once) or a positive number of "
+                              f"steps, got {self.comm_sample_interval}")
 
 
 @dataclass

@@ -5,6 +5,16 @@ functional collective (DTensor's tensor-parallel all-reduce / all-gather / reduc
 dispatcher as a ``c10d::*`` or ``_c10d_functional::*`` op. A TorchDispatchMode sees each call with its real
 tensors, so bytes and calls per collective type are measured, not derived from formulas.
 
+Collectives that DTensor issues *inside* its own op dispatch — the loss-parallel cross-entropy reductions, the
+all-reduce of a Partial gradient (sequence-parallel norm weights, reduced again by every op that reads them: the
+grad-norm and each optimizer op), the gradient-norm reduction — would run while the mode is switched off (a mode
+is inactive inside its own handler). So the counter declines ops on DTensors (returns NotImplemented): DTensor
+then runs its dispatch with the mode still on the stack, and every collective it issues on plain tensors reaches
+the counter, exactly once. They are kept apart (``comm_dtensor*``; a collective is DTensor's when DTensor's op
+dispatcher or a loss-parallel handler is on the Python stack): ``comm_bytes_per_step`` stays what the engine's own plan issues — FSDP, DDP,
+the TP/SP layout changes, pipeline send/recv, the trainer's reductions — which the planner predicts byte for
+byte; the sum of both is everything that went over the wire.
+
 Bytes are the *payload*: the full (unsharded) buffer of an all-gather or reduce-scatter, the tensor of an
 all-reduce / broadcast / send / recv. Bytes on the wire follow from it by the ring factors (all-reduce
 2(n−1)/n, all-gather and reduce-scatter (n−1)/n); ``wire_bytes`` applies them with each call's group size.
@@ -23,6 +33,8 @@ from collections import defaultdict
 from typing import Any, Iterator
 
 import torch
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # dispatcher op name -> collective type
@@ -37,6 +49,12 @@ _OPS: dict[str, str] = {
     "send": "send", "recv_": "recv", "recv_any_source_": "recv",
     "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
 }
+# Subclasses whose dispatch may issue collectives. Others (FakeTensor, which DTensor's sharding propagation runs
+# under) are handled as before: declining them would leave no handler for the op.
+_COLLECTIVE_SUBCLASSES = (DTensor, AsyncCollectiveTensor)
+# DTensor's op dispatcher, and the loss-parallel op handlers (called straight from C++ dispatch)
+_DTENSOR_DISPATCH = (os.path.join("torch", "distributed", "tensor", "_dispatch.py"),
+                     os.path.join("torch", "distributed", "tensor", "parallel", "loss.py"))
 _RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
 
@@ -54,15 +72,21 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
 
 
 class CommCounter(TorchDispatchMode):
-    """Counts calls and payload bytes per collective type while active."""
+    """Counts calls and payload bytes per collective type while active: ``calls``/``bytes``/``wire_bytes`` for
+    the engine's collectives, ``dtensor_calls``/``dtensor_bytes`` for those DTensor runs inside its op dispatch."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: dict[str, int] = defaultdict(int)
         self.bytes: dict[str, int] = defaultdict(int)
         self.wire_bytes: dict[str, float] = defaultdict(float)
+        self.dtensor_calls: dict[str, int] = defaultdict(int)
+        self.dtensor_bytes: dict[str, int] = defaultdict(int)
+        self.dtensor_wire_bytes: dict[str, float] = defaultdict(float)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(issubclass(t, _COLLECTIVE_SUBCLASSES) for t in types):
+            return NotImplemented  # let DTensor (or a collective's async wrapper) unwrap; see the module doc
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func.namespace in ("c10d", "_c10d_functional"):
@@ -78,11 +102,16 @@ class CommCounter(TorchDispatchMode):
             payload = _nbytes(_tensors(args[1]))  # (output, input, ...): the full input is the payload
         else:
             payload = _nbytes(_tensors(args[0]))  # the tensor(s) reduced / gathered into / sent
-        self.calls[kind] += 1
-        self.bytes[kind] += payload
         ring = _RING.get(kind)
         n = _group_size(args)
-        self.wire_bytes[kind] += payload * (ring(n) if ring and n > 1 else 1.0)
+        wire = payload * (ring(n) if ring and n > 1 else 1.0)
+        if _inside_dtensor_dispatch():
+            calls, sizes, wires = self.dtensor_calls, self.dtensor_bytes, self.dtensor_wire_bytes
+        else:
+            calls, sizes, wires = self.calls, self.bytes, self.wire_bytes
+        calls[kind] += 1
+        sizes[kind] += payload
+        wires[kind] += wire
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -90,7 +119,23 @@ class CommCounter(TorchDispatchMode):
             "comm_calls_per_step": int(sum(self.calls.values())),
             "comm_wire_bytes_per_step": int(sum(self.wire_bytes.values())),
             "comm": {k: {"calls": self.calls[k], "bytes": self.bytes[k]} for k in sorted(self.calls)},
+            "comm_dtensor_bytes_per_step": int(sum(self.dtensor_bytes.values())),
+            "comm_dtensor_calls_per_step": int(sum(self.dtensor_calls.values())),
+            "comm_dtensor_wire_bytes_per_step": int(sum(self.dtensor_wire_bytes.values())),
+            "comm_dtensor": {k: {"calls": self.dtensor_calls[k], "bytes": self.dtensor_bytes[k]}
+                             for k in sorted(self.dtensor_calls)},
         }
+
+
+def _inside_dtensor_dispatch() -> bool:
+    """True when DTensor's op dispatcher (or a loss-parallel op handler) is on the Python stack: a collective
+    it issues for an op; false for the engine's own calls and the TP plan's explicit ``redistribute`` hooks."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_DTENSOR_DISPATCH):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _group_size(args: tuple) -> int:

@@ -1,4 +1,4 @@
-"""Per-step metrics: ``metrics.jsonl`` (the contract), TensorBoard when installed, and a terminal view."""
+"""Per-step metrics: ``metrics.jsonl`` (the contract), TensorBoard, optional W&B, and a terminal view."""
 
 from __future__ import annotations
 
@@ -17,10 +17,63 @@ from meshlm.config.schema import MetricsConfig
 from meshlm.errors import ConfigError
 
 
-def peak_memory_gib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+_STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+_lifetime_peak_kib = 0  # the process's peak RSS across interval resets (resetting lowers ru_maxrss too)
+
+
+def _status_kib(field: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])  # "VmHWM:   123456 kB"
+    raise OSError(f"{field} missing from {_STATUS}")
+
+
+def process_peak_rss_bytes() -> int:
+    """Peak resident set size of this process over its whole life, interval resets included."""
+    return 1024 * max(_lifetime_peak_kib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # Linux: KiB
+
+
+class IntervalMemory:
+    """Peak memory since the previous reading: each metrics record reports its own logging interval's peak.
+
+    CUDA: peak allocated bytes, reset with ``torch.cuda.reset_peak_memory_stats``. CPU (Linux): the peak RSS
+    ``VmHWM``, reset by writing "5" to ``/proc/self/clear_refs``. Where that reset is refused, the current RSS
+    is reported instead, and ``kind`` says which one the records carry.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            self.kind = "interval_peak_allocated"
+        elif self._reset_rss():
+            self.kind = "interval_peak_rss"
+        else:
+            self.kind = "current_rss" if _STATUS.is_file() else "process_peak_rss"
+
+    def read_and_reset(self) -> float:
+        """GiB: this interval's peak (or the current / lifetime figure ``kind`` names); starts a new interval."""
+        global _lifetime_peak_kib
+        if self.kind == "interval_peak_allocated":
+            peak = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return peak / 2**30
+        if self.kind == "process_peak_rss":
+            return process_peak_rss_bytes() / 2**30
+        kib = _status_kib("VmHWM" if self.kind == "interval_peak_rss" else "VmRSS")
+        _lifetime_peak_kib = max(_lifetime_peak_kib, _status_kib("VmHWM"))
+        if self.kind == "interval_peak_rss":
+            self._reset_rss()
+        return kib / 2**20
+
+    @staticmethod
+    def _reset_rss() -> bool:
+        global _lifetime_peak_kib
+        try:
+            _lifetime_peak_kib = max(_lifetime_peak_kib, _status_kib("VmHWM"))
+            _CLEAR_REFS.write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0, own process)
+            return True
+        except OSError:
+            return False
 
 
 def truncate_metrics(path: Path, after_step: int) -> None:
@@ -112,8 +165,9 @@ class MetricsLogger:
 def _tensorboard_writer(log_dir: Path, purge_step: int):
     try:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional
-        return None
+    except ImportError:  # a dependency of meshlm: only a broken install gets here
+        raise ConfigError("metrics.tensorboard=true needs the tensorboard package (a dependency of meshlm: "
+                          "pip install tensorboard), or set metrics.tensorboard=false") from None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 

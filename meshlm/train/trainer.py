@@ -28,7 +28,7 @@ from meshlm.objectives import build_objective
 from meshlm.planner.measure import MemoryProbe
 from meshlm.planner.runlog import PlanLog
 from meshlm.train.flops import model_flops_per_token, peak_flops
-from meshlm.train.metrics import MetricsLogger, peak_memory_gib
+from meshlm.train.metrics import IntervalMemory, MetricsLogger
 from meshlm.train.optim import build_optimizer
 from meshlm.train.precision import DynamicLossScaler, autocast
 from meshlm.train.schedule import lr_at
@@ -155,7 +155,9 @@ class Trainer:
         tc, mc = self.cfg.training, self.cfg.metrics
         last = min(tc.steps, self.stop_at) if self.stop_at else tc.steps
         warmup = self.memory_probe.warmup_steps if self.memory_probe else 2
-        measure_at = self.step + warmup if self.engine.dims.world_size > 1 or self.memory_probe else -1
+        # Communication is sampled: the process's 2nd step, then every metrics.comm_sample_interval steps
+        first_sample = self.step + warmup if self.engine.dims.world_size > 1 or self.memory_probe else None
+        self.memory = IntervalMemory(self.device)  # memory_gib: the peak of each logging interval from here on
         logger = MetricsLogger(self.run_dir, mc, tc.steps, self.step, rank=self.rank)
         logger.message(self.describe())
         plan_log = PlanLog(self)  # the planner's prediction for this layout, then the measured figures beside it
@@ -164,9 +166,10 @@ class Trainer:
         try:
             while self.step < last:
                 start = time.perf_counter()
-                # One step per process runs instrumented (collectives counted, profiler on); its overhead is
-                # part of that window's throughput.
-                record = self._measured_step() if self.step + 1 == measure_at else self.train_step()
+                # Sampled steps run instrumented (collectives counted, profiler on); their overhead is part of
+                # that window's throughput.
+                sampled = self._comm_sample_due(self.step + 1, first_sample)
+                record = self._measured_step(self.step + 1 == first_sample) if sampled else self.train_step()
                 window_time += time.perf_counter() - start
                 window_tokens += record.pop("tokens")
                 window_steps += 1
@@ -187,6 +190,12 @@ class Trainer:
     @staticmethod
     def _due(step: int, interval: int, last: int) -> bool:
         return step == last or (interval > 0 and step % interval == 0)
+
+    def _comm_sample_due(self, step: int, first: int | None) -> bool:
+        interval = self.cfg.metrics.comm_sample_interval
+        if first is None or step < first:
+            return False
+        return step == first or (interval > 0 and (step - first) % interval == 0)
 
     def train_step(self) -> dict[str, Any]:
         tc, engine = self.cfg.training, self.engine
@@ -228,8 +237,9 @@ class Trainer:
             (loss_sum * scale).backward()
         return to_float(loss_sum.detach())
 
-    def _measured_step(self) -> dict[str, Any]:
-        """A training step with communication counted (bytes, calls per collective) and timed (profiler)."""
+    def _measured_step(self, probe_memory: bool = False) -> dict[str, Any]:
+        """A training step with communication counted (bytes, calls per collective) and timed (profiler); the
+        figures (``comm_*``) are labelled with ``comm_measured_step`` and carried until the next sample."""
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
@@ -239,15 +249,17 @@ class Trainer:
             prof.start()
         try:
             start = time.perf_counter()
-            with counter, (self.memory_probe or contextlib.nullcontext()):
+            probe = self.memory_probe if probe_memory else None  # the planner's memory probe: first sample only
+            with counter, (probe or contextlib.nullcontext()):
                 record = self.train_step()
             seconds = time.perf_counter() - start
         finally:
             with silence_stderr():
                 prof.stop()
-        self.comm_stats = {**counter.summary(), "comm_share": min(comm_time_from_profile(prof) / seconds, 1.0)}
-        if self.memory_probe is not None:
-            self.memory_probe.write(self.run_dir, self.comm_stats)
+        self.comm_stats = {**counter.summary(), "comm_share": min(comm_time_from_profile(prof) / seconds, 1.0),
+                           "comm_measured_step": self.step}
+        if probe is not None:
+            probe.write(self.run_dir, self.comm_stats)
         return record
 
     @torch.no_grad()
@@ -274,7 +286,8 @@ class Trainer:
         tokens_per_s = tokens / seconds if seconds > 0 else float("nan")
         mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.engine.dims.world_size)
         return {**record, "tokens_per_s": tokens_per_s, "mfu": mfu, "tokens_seen": self.tokens_seen,
-                "step_time_s": seconds / steps, "memory_gib": peak_memory_gib(self.device), **self.comm_stats}
+                "step_time_s": seconds / steps, "memory_gib": self.memory.read_and_reset(),
+                "memory_kind": self.memory.kind, **self.comm_stats}
 
     def save(self) -> Path:
         state = {"tokens_seen": self.tokens_seen, "loader": self.train_loader.state_dict(),
