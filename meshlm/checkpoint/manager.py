@@ -120,8 +120,9 @@ class CheckpointManager:
              train_state: dict[str, Any], config_toml: str, extra_files: dict[str, Path] | None = None,
              planner: dcp.SavePlanner | None = None) -> Path:
         """Collective when distributed: every rank calls it. ``extra_files`` (e.g. the tokenizer) are copied in
-        so the checkpoint is self-contained. ``planner``: a DCP save planner, e.g. one that reads each tensor
-        only when it is written (``convert from-hf`` streams a model this way)."""
+        so the checkpoint is self-contained. ``planner``: a DCP save planner that supplies tensors lazily
+        (``convert from-hf`` reads each from safetensors as it is written); each tensor then gets a DCP file of its
+        own, because DCP's file writer keeps every tensor of a file alive until the file is done (torch 2.13)."""
         final = self.root / step_dir_name(step)
         tmp = self.root / (step_dir_name(step) + ".tmp")
         if self.rank == 0:
@@ -131,7 +132,9 @@ class CheckpointManager:
         state = _PartStates(parts, optimizers)  # optimizers=None: weights only (e.g. a converted model)
         tensors = {"model": state.model} if state.optimizer is None else {"model": state.model,
                                                                           "optimizer": state.optimizer}
-        dcp.save(tensors, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist(), planner=planner)
+        writer = None if planner is None else dcp.FileSystemWriter(str(tmp / "dcp"), single_file_per_rank=False)
+        dcp.save(tensors, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist(), planner=planner,
+                 storage_writer=writer)
         torch.save(_rng_state(), tmp / "rng" / f"rank-{self.rank:05d}.pt")
         _barrier()
         if self.rank == 0:

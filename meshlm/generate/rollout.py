@@ -1,0 +1,149 @@
+"""Batched generation for rollouts (PPO, GRPO): many prompts of different lengths decoded together, one KV cache.
+
+Layout: the prompts are left-padded to the longest, P slots. Slot j of row b holds a real token when j >= pad_b;
+real tokens get their own RoPE positions (slot - pad_b) and the model's ``padding_mask`` hides the pads from
+attention, so each row's logits are the ones it would get alone (tested against the single-sequence sampler in
+sampling.py). Every decode step appends one slot to every row; a row that has emitted one of the eos ids gets
+pad tokens from then on, outside its response mask.
+
+Under data parallelism each rank generates from its own prompts. FSDP all-gathers parameters in every forward, a
+collective, so all ranks must run the same number of forwards: ``all_finished`` (a callable that ANDs a flag
+over the ranks, e.g. an all-reduce) makes them stop together; the last ranks to finish decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from meshlm.errors import ConfigError
+from meshlm.generate.sampling import filter_logits
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a rollout samples. ``eos_ids``: a response ends after emitting any of them (e.g. ``<|eos|>`` and the
+    chat template's ``<|end|>``). ``vocab_limit`` excludes embedding rows beyond the tokenizer (padded
+    vocabularies)."""
+
+    max_new_tokens: int
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+    vocab_limit: int | None = None
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        filter_logits(torch.zeros(1), self.top_k, self.top_p)  # checks top_k / top_p
+
+
+@dataclass
+class Rollout:
+    """Prompts and their sampled responses. Slots past a row's eos hold ``pad_id`` and are outside its mask."""
+
+    prompt_ids: torch.Tensor  # (B, P) int64, left-padded
+    prompt_mask: torch.Tensor  # (B, P) bool, True on real prompt tokens
+    response_ids: torch.Tensor  # (B, N) int64, right-padded
+    response_mask: torch.Tensor  # (B, N) bool, True on generated tokens (the eos included)
+    logprobs: torch.Tensor  # (B, N) fp32 log-prob of each token under the sampling distribution, 0 off the mask
+
+    @property
+    def num_tokens(self) -> int:
+        """Generated tokens (eos included)."""
+        return int(self.response_mask.sum())
+
+    def sequences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Inputs for one full forward over prompt + response: ids, padding mask and position ids, each
+        (B, P + N). Position ids count real tokens only, so they equal the ones used while decoding."""
+        ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)  # (B, P + N)
+        mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)  # (B, P + N)
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)  # pads before the prompt sit at 0
+        return ids, mask, positions
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
+             device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) ids right-aligned with pad_id in front, and the (B, P) bool mask of real tokens."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ConfigError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
+        mask[row, width - len(prompt):] = True
+    return ids.to(device), mask.to(device)
+
+
+def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig,
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from (B, V) logits -> (tokens (B,), their log-probs (B,) fp32).
+
+    The log-prob is under the distribution actually sampled from: softmax(filter(logits / temperature)); for
+    greedy decoding, softmax(logits).
+    """
+    logits = logits.float()
+    if cfg.vocab_limit is not None and cfg.vocab_limit < logits.shape[-1]:
+        logits[:, cfg.vocab_limit:] = float("-inf")
+    if cfg.greedy:
+        tokens = logits.argmax(-1)  # (B,)
+        logp = torch.log_softmax(logits, dim=-1)
+    else:
+        logp = torch.log_softmax(filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p), dim=-1)
+        tokens = torch.multinomial(logp.exp(), num_samples=1, generator=generator).squeeze(1)  # (B,)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module to call for generation: DDP's wrapper only adds gradient bookkeeping (FSDP2 modules are called
+    as they are: their hooks gather the parameters)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+@torch.no_grad()  # not inference_mode: FSDP reuses the gathered parameters' storage in later training forwards
+def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, *,
+            generator: torch.Generator | None = None, device: torch.device | str = "cpu",
+            all_finished: Callable[[bool], bool] | None = None) -> Rollout:
+    """Generate a response for every prompt, all rows decoded together with one KV cache.
+
+    Stops when every row has emitted an eos (on every rank, with ``all_finished``) or after
+    ``cfg.max_new_tokens``; N, the number of decode steps taken, is the responses' width.
+    """
+    cfg.validate()
+    net = unwrap(model)
+    prompt_ids, prompt_mask = left_pad(prompts, cfg.pad_id, device)
+    B, P = prompt_ids.shape
+    if P + cfg.max_new_tokens > net.cfg.max_seq_len:
+        raise ConfigError(f"prompts of up to {P} tokens + max_new_tokens {cfg.max_new_tokens} exceed "
+                          f"model.max_seq_len = {net.cfg.max_seq_len}; shorten the prompts or lower max_new_tokens")
+    eos = torch.tensor(sorted(set(cfg.eos_ids)), dtype=torch.long, device=device)
+    cache = net.new_cache(B, P + cfg.max_new_tokens, device=device)
+    mask = torch.cat([prompt_mask, torch.ones(B, cfg.max_new_tokens, dtype=torch.bool, device=device)], 1)
+    next_pos = prompt_mask.long().sum(1)  # (B,) position of each row's next token
+    positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
+    logits = model(prompt_ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=mask[:, :P])
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    tokens, logps, alive = [], [], []
+    for step in range(cfg.max_new_tokens):
+        token, logp = sample_tokens(logits[:, -1], cfg, generator)  # (B,) each
+        alive.append(~finished)
+        tokens.append(torch.where(finished, cfg.pad_id, token))
+        logps.append(torch.where(finished, 0.0, logp))
+        finished = finished | torch.isin(token, eos)
+        done = bool(finished.all()) or step + 1 == cfg.max_new_tokens
+        if all_finished(done) if all_finished is not None else done:
+            break
+        slot = P + step
+        logits = model(tokens[-1][:, None], cache=cache, start_pos=slot, position_ids=(next_pos + step)[:, None],
+                       padding_mask=mask[:, :slot + 1])  # (B, 1, V)
+    return Rollout(prompt_ids, prompt_mask, torch.stack(tokens, 1), torch.stack(alive, 1), torch.stack(logps, 1))
