@@ -416,5 +416,5 @@ def test_document_ids_refuse_a_cache_and_wrong_shapes():
     x = tokens(seq=6)
     with pytest.raises(ValueError, match="document_ids"):
         model(x, document_ids=torch.zeros(2, 5, dtype=torch.long))
-    with pytest.raises(ValueError, match="without a KV cache"):
-        model(x, cache=model.new_cache(2, 6), position_ids=torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="cannot be combined with a KV cache"):
+        model(x, cache=model.new_cache(2, 6), document_ids=torch.zeros(2, 6, dtype=torch.long))

@@ -185,6 +185,7 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 def attention_mask(T: int, S: int, *, window: int = 0, document_ids: torch.Tensor | None = None,
+                   key_mask: torch.Tensor | None = None,
                    device: torch.device | str | None = None) -> torch.Tensor | None:
     """Which keys each query may attend to: a boolean (B|1, 1, T, S) mask, True = attend; None when the plain
     causal mask is all that applies (the caller then takes sdpa's fast ``is_causal`` path).
@@ -192,11 +193,13 @@ def attention_mask(T: int, S: int, *, window: int = 0, document_ids: torch.Tenso
     The T queries are the last T of S positions (a KV cache holds the first S - T). Query i sees key j when
     j <= i; with ``window`` also i - j < window (HF's sliding window: the query and window - 1 keys before it);
     with ``document_ids`` (B, T), T == S, also only keys of its own document (block-diagonal causal, for packed
-    rows). Every query sees at least itself, so no row of the mask is empty (sdpa would return NaN for one).
+    rows). With ``key_mask`` (B, S), True = a real token, also only real keys (left-padded batches, e.g. a
+    batched sampler whose prompts differ in length; works with a KV cache). Every query sees at least itself, so
+    no row of the mask is empty (sdpa would return NaN for one).
     """
     if window >= S:  # no query is window or more positions past any key: the window changes nothing
         window = 0
-    if not window and document_ids is None:
+    if not window and document_ids is None and key_mask is None:
         return None
     q_pos = torch.arange(S - T, S, device=device)[:, None]  # (T, 1) positions of the queries
     k_pos = torch.arange(S, device=device)[None, :]  # (1, S)
@@ -207,6 +210,8 @@ def attention_mask(T: int, S: int, *, window: int = 0, document_ids: torch.Tenso
     if document_ids is not None:
         same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
         allowed = allowed & same[:, None]  # (B, 1, T, S)
+    if key_mask is not None:
+        allowed = allowed & (key_mask[:, None, None, :] | (k_pos == q_pos))  # (B, 1, T, S); a pad sees itself
     return allowed
 
 
@@ -313,7 +318,8 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = precompute_rope(cfg, cfg.max_seq_len, device)
 
     def forward(self, tokens: torch.Tensor, *, cache: list[KVCache] | None = None, start_pos: int = 0,
-                position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, T) ids -> logits (B, T, V).
 
         On a pipeline stage without tok_embeddings the input is hidden states (B, T, D); without output the
@@ -323,7 +329,11 @@ class Transformer(nn.Module):
         Packed rows: ``document_ids`` (B, T) makes attention block-diagonal causal (a token sees only earlier
         tokens with the same id), and ``position_ids`` (B, T) gives each token's RoPE position (restarting at 0
         per row, see :func:`positions_from_documents`; values must be < max_seq_len). With both, each packed row
-        gets the logits it would get alone. Neither can be combined with a cache.
+        gets the logits it would get alone. document_ids cannot be combined with a cache.
+
+        Left-padded batches (rows of different lengths, e.g. batched generation): ``padding_mask`` (B, S), True on
+        real tokens over every attended position (cached + new), hides the pads from attention, and
+        ``position_ids`` (allowed with a cache) give the real tokens their own positions.
         """
         B, T = tokens.shape[:2]  # from the input: under sequence parallelism h holds only T / tp positions
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens  # (B, T, D)
@@ -332,22 +342,26 @@ class Transformer(nn.Module):
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.layers)}")
         for name, ids in (("position_ids", position_ids), ("document_ids", document_ids)):
-            if ids is not None and (tuple(ids.shape) != (B, T) or cache is not None):
-                raise ValueError(f"{name} must be (B, T) = {(B, T)} and without a KV cache, got {tuple(ids.shape)}")
+            if ids is not None and tuple(ids.shape) != (B, T):
+                raise ValueError(f"{name} must be (B, T) = {(B, T)}, got {tuple(ids.shape)}")
+        if document_ids is not None and cache is not None:
+            raise ValueError("document_ids (packed rows) cannot be combined with a KV cache")
         if position_ids is None:
             cos = self.rope_cos[start_pos:start_pos + T]  # (T, Dh/2)
             sin = self.rope_sin[start_pos:start_pos + T]  # (T, Dh/2)
         else:
             cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (B, T, Dh/2)
         num_keys = start_pos + T if cache is not None else T  # without a cache, attention sees only these T
-        masks = self._attention_masks(T, num_keys, document_ids, tokens.device)
+        if padding_mask is not None and tuple(padding_mask.shape) != (B, num_keys):
+            raise ValueError(f"padding_mask must be (B, S) = {(B, num_keys)}, got {tuple(padding_mask.shape)}")
+        masks = self._attention_masks(T, num_keys, document_ids, padding_mask, tokens.device)
         for i, (name, layer) in enumerate(self.layers.items()):
             h = layer(h, cos, sin, cache[i] if cache is not None else None, start_pos, mask=masks[name])  # (B, T, D)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h  # (B, T, V) or (B, T, D)
 
-    def _attention_masks(self, T: int, S: int, document_ids: torch.Tensor | None,
+    def _attention_masks(self, T: int, S: int, document_ids: torch.Tensor | None, key_mask: torch.Tensor | None,
                          device: torch.device) -> dict[str, torch.Tensor | None]:
         """Layer name -> its attention mask; built once per distinct window (layers keep their global index, so
         a pipeline stage's layers get their own windows)."""
@@ -356,7 +370,8 @@ class Transformer(nn.Module):
         for name in self.layers:
             window = self.cfg.layer_window(int(name))
             if window not in by_window:
-                by_window[window] = attention_mask(T, S, window=window, document_ids=document_ids, device=device)
+                by_window[window] = attention_mask(T, S, window=window, document_ids=document_ids,
+                                                   key_mask=key_mask, device=device)
             masks[name] = by_window[window]
         return masks
 
