@@ -63,3 +63,26 @@ def test_core_peak_is_not_lowered_by_a_process_sharing_the_core():
     finally:
         os.sched_setaffinity(0, saved)
     assert shared > 0.7 * alone, (shared, alone)
+
+
+def test_a_run_directory_gets_tensorboard_events_and_interval_memory(debug_dataset, tmp_path):
+    """TensorBoard is a dependency, so the default run writes events; every record labels its memory figure."""
+    import json
+
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.train.run_dir import init_run_dir
+    from meshlm.train.trainer import Trainer
+
+    cfg = load_config(None, [f'data.path="{debug_dataset}"', "data.seq_len=32", "training.batch_size=4",
+                             "training.steps=2", "training.eval_interval=0", "checkpoint.enabled=false",
+                             "metrics.interval=1", "metrics.progress=plain"])
+    run = tmp_path / "run"
+    init_run_dir(run, config_to_toml(cfg), resume=False)
+    Trainer(cfg, run).train()
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    expected = "interval_peak_rss" if LINUX else "process_peak_rss"
+    assert all(r["memory_kind"] == expected and r["memory_gib"] > 0 for r in records)
+    assert all(0 < r["mfu"] <= 1 for r in records)
+    assert not any(k.startswith("comm") for r in records for k in r)  # one process: nothing sampled
