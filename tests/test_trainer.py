@@ -8,7 +8,7 @@ import torch
 from meshlm.checkpoint.load import weights_sha256
 from meshlm.config.loader import config_to_toml, load_config
 from meshlm.train.run_dir import init_run_dir
-from meshlm.train.trainer import Trainer
+from meshlm.train.trainer import Trainer, host_values
 
 
 def _cfg(dataset, *overrides):
@@ -27,7 +27,7 @@ def test_loss_falls(debug_dataset, tmp_path):
     cfg = _cfg(debug_dataset, "training.steps=30", "checkpoint.enabled=false", "optimizer.lr=3e-3",
                "training.batch_size=8")
     trainer = _trainer(cfg, tmp_path / "run")
-    first = trainer.train_step()["loss"]
+    first = float(trainer.train_step()["loss"])  # records hold device tensors until logged
     trainer.train()
     import json
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -67,7 +67,7 @@ def test_gradient_accumulation_invariance(debug_dataset, tmp_path):
         assert trainer.accum_steps == (1 if micro == 0 else 4)
         trainer.optimizers[0].step = lambda: None  # keep the accumulated gradients for comparison
         trainer.optimizers[0].zero_grad = lambda set_to_none=True: None
-        losses[micro] = trainer.train_step()["loss"]
+        losses[micro] = float(trainer.train_step()["loss"])
         grads[micro] = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     # One 8-row matmul vs four 2-row ones sum in a different order: equal up to fp32 rounding (measured max
     # abs difference ~2e-8 on gradients of magnitude ~2e-2).
@@ -96,7 +96,7 @@ def test_activation_checkpointing_matches(debug_dataset, tmp_path, mode):
 def test_low_precision_trains(debug_dataset, tmp_path, precision):
     cfg = _cfg(debug_dataset, f"training.precision={precision}", "training.steps=3", "checkpoint.enabled=false")
     trainer = _trainer(cfg, tmp_path / precision)
-    records = [trainer.train_step() for _ in range(3)]
+    records = [host_values(trainer.train_step()) for _ in range(3)]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # fp32 master weights
     assert records[-1]["loss"] < records[0]["loss"]
@@ -131,7 +131,7 @@ def test_compiled_blocks_train_like_eager(debug_dataset, tmp_path):
     for compiled in (False, True):
         cfg = _cfg(debug_dataset, f"training.compile={str(compiled).lower()}", "checkpoint.enabled=false")
         trainer = _trainer(cfg, tmp_path / str(compiled))
-        losses[compiled] = [trainer.train_step()["loss"] for _ in range(2)]
+        losses[compiled] = [float(trainer.train_step()["loss"]) for _ in range(2)]
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
 
 

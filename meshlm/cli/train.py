@@ -72,7 +72,7 @@ def _train(args: argparse.Namespace, cfg) -> int:
     from meshlm.train.run_dir import check_run_dir, write_run_dir
     from meshlm.train.trainer import Trainer
 
-    init_distributed(cfg.parallel.timeout_s)
+    init_distributed(cfg.parallel.timeout_s, cfg.training.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if in_worker() and not args.run_dir:
         raise ConfigError("under torchrun every rank needs the same --run-dir")

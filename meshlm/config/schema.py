@@ -77,6 +77,9 @@ class TrainingConfig:
     eval_interval: int = option(50, "Evaluate held-out loss every N steps (and at the end); 0 disables.")
     eval_batches: int = option(4, "Batches of held-out data per evaluation.")
     device: str = option("auto", "auto picks cuda when available, else cpu.", choices=("auto", "cpu", "cuda"))
+    deterministic: bool = option(False, "Deterministic kernels (torch.use_deterministic_algorithms, cuBLAS "
+                                        "workspace, cuDNN) for bitwise-repeatable GPU runs; slower. CPU runs are "
+                                        "deterministic without it.")
 
     def validate(self) -> None:
         if self.steps < 1:

@@ -1,12 +1,12 @@
 """Activation checkpointing applied from outside the model, per transformer block.
 
 ``full`` recomputes the whole block in backward (keeps only the block input). ``selective`` keeps the outputs of
-the matmuls and of attention, and recomputes the cheap element-wise ops (norms, SwiGLU gate, RoPE) — most of
-the memory saving at a small fraction of the recompute cost.
+the matmuls, of attention and of tensor-parallel collectives, and recomputes the cheap element-wise ops (norms,
+SwiGLU gate, RoPE) — most of the memory saving at a small fraction of the recompute cost, and no extra
+communication.
 """
 
 from __future__ import annotations
-
 
 import torch
 from torch import nn
@@ -24,8 +24,16 @@ _SAVE_OPS = {
 }
 
 
+def must_save(op) -> bool:
+    """Selective AC keeps matmul and attention outputs, and every functional collective's output: tensor
+    parallelism's all-gather / reduce-scatter / all-reduce (and their wait_tensor) are DTensor's
+    ``_c10d_functional`` ops, and recomputing one in backward would repeat the communication, not just cheap
+    arithmetic (torchtitan saves them for the same reason)."""
+    return op in _SAVE_OPS or getattr(op, "namespace", None) == "_c10d_functional"
+
+
 def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if must_save(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_context():

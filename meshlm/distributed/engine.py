@@ -29,6 +29,11 @@ def to_float(value: torch.Tensor | float) -> float:
     return float(value)
 
 
+def local_value(value: torch.Tensor) -> torch.Tensor:
+    """A scalar loss as a plain tensor, left on the device (a loss-parallel loss is a replicated DTensor)."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 class Engine:
     def __init__(self, cfg: ParallelConfig, device: torch.device) -> None:
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -115,8 +120,10 @@ class Engine:
 
         return scaled
 
-    def pipeline_step(self, batch: dict[str, torch.Tensor], scale: float, train: bool = True) -> float:
-        """Run the schedule over this rank's batch; returns the summed loss (non-zero on the last stage)."""
+    def pipeline_step(self, batch: dict[str, torch.Tensor], scale: torch.Tensor | float,
+                      train: bool = True) -> torch.Tensor:
+        """Run the schedule over this rank's batch; returns the summed loss as a device tensor (non-zero on the
+        last stage)."""
         assert self.schedule is not None
         self._pp_scale = scale
         target = batch["labels"] if self.has_last_stage else None
@@ -129,29 +136,41 @@ class Engine:
             else:
                 self.schedule.eval(*args, target=target, losses=losses)
         # The schedule returns one scaled loss per micro-batch (it may also call loss_fn outside the step while
-        # inferring shapes, so the losses list — not the calls — is what counts).
-        return sum(to_float(x) for x in losses) / scale if losses else 0.0
+        # inferring shapes, so the losses list — not the calls — is what counts). Summed on the device: no host
+        # read per micro-batch.
+        if not losses:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return torch.stack([local_value(x).detach().double() for x in losses]).sum() / scale
 
     # -------------------------------------------------------------------------------------- reductions
-    def dp_sum(self, value: float) -> float:
-        """Sum over data-parallel ranks (tensor-parallel peers hold the same value and are not summed)."""
-        if self.mesh is None or self.dims.dp == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=self.mesh["dp"].get_group())
-        return float(t.item())
+    def dp_sum(self, value: torch.Tensor | float) -> torch.Tensor:
+        """Sum over data-parallel ranks (tensor-parallel peers hold the same value and are not summed).
 
-    def loss_sum(self, local: float) -> float:
-        """A summed loss over the whole global batch, on every rank (pipelined: from the last stage)."""
+        A float64 device tensor in and out, never read on the host here: on GPUs the all-reduce is queued on the
+        stream, and the caller decides when (if ever) a value is worth a synchronisation.
+        """
+        t = torch.as_tensor(value, dtype=torch.float64, device=self.device).clone()
+        if self.mesh is not None and self.dims.dp > 1:
+            dist.all_reduce(t, group=self.mesh["dp"].get_group())
+        return t
+
+    def loss_sum(self, local: torch.Tensor | float) -> torch.Tensor:
+        """A summed loss over the whole global batch, on every rank (pipelined: from the last stage); a device
+        tensor."""
         total = self.dp_sum(local)
         if self.pipelined:
-            t = torch.tensor([total if self.has_last_stage else 0.0], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t, group=self.mesh["pp"].get_group())
-            total = float(t.item())
+            if not self.has_last_stage:
+                total.zero_()
+            dist.all_reduce(total, group=self.mesh["pp"].get_group())
         return total
 
-    def clip_grad_norm_(self, parts: list[nn.Module], max_norm: float, grad_scale: float = 1.0) -> float:
-        """Unscale (fp16), then clip to the global L2 norm across every shard, replica and stage."""
+    def clip_grad_norm_(self, parts: list[nn.Module], max_norm: float, grad_scale: float = 1.0) -> torch.Tensor:
+        """Unscale (fp16), then clip to the global L2 norm across every shard, replica and stage.
+
+        Returns the pre-clip norm as a float64 device tensor. There is no host-side decision: the clip
+        coefficient min(1, max_norm / (norm + 1e-6)) is a tensor and the gradients are always multiplied by it
+        (by exactly 1.0 when the norm is below max_norm), so nothing waits for the norm on the host.
+        """
         params = [p for part in parts for p in part.parameters() if p.grad is not None]
         if grad_scale != 1.0:
             for p in params:
@@ -169,9 +188,9 @@ class Engine:
             norm_sq += norm.double() ** 2
         if self.pipelined:
             dist.all_reduce(norm_sq, group=self.mesh["pp"].get_group())
-        total = float(norm_sq.sqrt())
-        if math.isfinite(max_norm) and math.isfinite(total) and total > max_norm:
-            coef = max_norm / (total + 1e-6)
+        total = norm_sq.sqrt()
+        if math.isfinite(max_norm):  # a config decision (0 = no clipping), not a data-dependent one
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).float()  # () fp32, like the gradients
             for grads in groups.values():  # per group: foreach ops cannot mix DTensors and plain tensors
                 torch._foreach_mul_(grads, coef)
         return total

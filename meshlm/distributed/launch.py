@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from meshlm.errors import UserError
+from meshlm.errors import ConfigError, UserError
 
 
 class LaunchError(UserError):
@@ -30,11 +30,22 @@ def in_worker() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
-def init_distributed(timeout_s: int) -> None:
-    """Join the process group torchrun describes (gloo on CPU, NCCL on GPUs); no-op outside a worker."""
+def process_group_backend(device: str, cuda_available: bool) -> str:
+    """The backend for ``training.device``: NCCL only moves CUDA tensors, so a run on CPU tensors uses gloo
+    even on a host with GPUs ("auto" resolves as the trainer resolves it: cuda when one is available)."""
+    if device == "cuda" and not cuda_available:
+        raise ConfigError("training.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    if device == "cuda" or (device == "auto" and cuda_available):
+        return "nccl"
+    return "gloo"
+
+
+def init_distributed(timeout_s: int, device: str = "auto") -> None:
+    """Join the process group torchrun describes, with the backend ``training.device`` needs; no-op outside a
+    worker."""
     if not in_worker() or dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = process_group_backend(device, torch.cuda.is_available())
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -31,8 +31,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        # torch's rms_norm: a fused kernel on CUDA; on CPU the same ops as x·rsqrt(mean(x²) + eps) (bitwise equal,
+        # checked in tests/test_fast_paths.py). The weight multiplies after the cast back, as in HF's Llama.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return normed.type_as(x) * self.weight
 
     def init_weights(self) -> None:
@@ -82,11 +83,15 @@ def precompute_rope(cfg: ModelConfig, seq_len: int,
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (x[i], x[i + Dh/2]) by the angles in cos/sin. x: (B, T, H, Dh); cos, sin: (T, Dh/2) shared by the
     batch, or (B, T, Dh/2) per row (explicit position ids, e.g. restarting per packed document)."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, H, Dh/2) each; rotated in fp32, cast back
+    xf = x.float()  # rotated in fp32, cast back (no copy when x is fp32)
+    x1, x2 = xf.chunk(2, dim=-1)  # (B, T, H, Dh/2) each
     if cos.dim() == 2:
         cos, sin = cos[None], sin[None]  # (1, T, Dh/2)
-    cos, sin = cos[:, :, None, :].float(), sin[:, :, None, :].float()  # (B|1, T, 1, Dh/2)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (B, T, H, Dh)
+    # (x1 cos − x2 sin, x2 cos + x1 sin) as two full-width products, x·(cos, cos) + (x2, x1)·(−sin, sin): the same
+    # roundings (negation is exact), half the element-wise ops of four half-width products and their backward.
+    cos2 = torch.cat((cos, cos), dim=-1)[:, :, None, :].float()  # (B|1, T, 1, Dh)
+    sin2 = torch.cat((-sin, sin), dim=-1)[:, :, None, :].float()  # (B|1, T, 1, Dh)
+    rotated = xf * cos2 + torch.cat((x2, x1), dim=-1) * sin2  # (B, T, H, Dh)
     return rotated.type_as(x)
 
 

@@ -19,8 +19,9 @@ class Objective(Protocol):
 
     name: str
 
-    def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> int:
-        """How many targets in ``batch`` contribute to the loss."""
+    def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | int:
+        """How many targets in ``batch`` contribute to the loss: preferably a 0-dim tensor on the batch's device,
+        so that the trainer can scale the loss by the global count without a host synchronisation."""
         ...
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -21,7 +21,16 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
+def implementation_for(device_type: str) -> dict[str, bool]:
+    """AdamW's kernel: ``fused`` (one kernel per parameter for the whole update) on CUDA and on CPU, where torch
+    has one; ``foreach`` (one multi-tensor op per arithmetic step) elsewhere. Both take plain tensors and
+    DTensors (FSDP2/TP shards) alike, with the same results (tests/test_gpu_readiness.py). On CPU the fused
+    kernel measured ~5x faster than foreach for the `small` flavour's parameters (docs/benchmarks.md)."""
+    fused = device_type in ("cuda", "cpu")
+    return {"fused": fused, "foreach": not fused}
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    # foreach=True keeps one code path for plain tensors and DTensors (FSDP2/TP shards).
+    device_type = next(model.parameters()).device.type
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.eps, foreach=True)
+                             eps=cfg.eps, **implementation_for(device_type))

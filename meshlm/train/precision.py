@@ -37,9 +37,14 @@ class DynamicLossScaler:
         self.good_steps = 0
         self.skipped_steps = 0
 
-    def update(self, grad_norm: float) -> bool:
-        """Record one step's (unscaled) grad norm; return True when the optimizer step must be skipped."""
-        if not math.isfinite(grad_norm):
+    def update(self, grad_norm: torch.Tensor | float) -> bool:
+        """Record one step's (unscaled) grad norm; return True when the optimizer step must be skipped.
+
+        Deciding to skip needs the norm's finiteness on the host: this is the trainer's one host
+        synchronisation per optimizer step under fp16 (a one-element read after the backward; never per
+        micro-batch). fp32 and bf16 runs have no scaler and so no such read.
+        """
+        if not math.isfinite(float(grad_norm)):
             self.scale = max(self.scale * self.backoff_factor, self.min_scale)
             self.good_steps = 0
             self.skipped_steps += 1

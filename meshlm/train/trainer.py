@@ -21,12 +21,13 @@ from meshlm.config.loader import config_to_toml
 from meshlm.config.schema import DataConfig, JobConfig
 from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_embedded_dataset
 from meshlm.distributed.comm import CommCounter, comm_time_from_profile, silence_stderr
-from meshlm.distributed.engine import Engine, to_float
+from meshlm.distributed.engine import Engine, local_value
 from meshlm.errors import ConfigError, DataError
 from meshlm.models import build_model
 from meshlm.objectives import build_objective
 from meshlm.planner.measure import MemoryProbe
 from meshlm.planner.runlog import PlanLog
+from meshlm.train.determinism import configure_determinism
 from meshlm.train.flops import model_flops_per_token, peak_flops
 from meshlm.train.metrics import IntervalMemory, MetricsLogger
 from meshlm.train.optim import build_optimizer
@@ -56,10 +57,20 @@ def open_training_data(cfg: DataConfig, vocab_size: int) -> TokenDataset:
     return dataset
 
 
+def host_values(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its 0-dim device tensors as Python floats, read with one host synchronisation."""
+    keys = [k for k, v in record.items() if isinstance(v, torch.Tensor)]
+    if not keys:
+        return dict(record)
+    values = torch.stack([record[k].detach().double() for k in keys]).tolist()
+    return {**record, **dict(zip(keys, values))}
+
+
 class Trainer:
     def __init__(self, cfg: JobConfig, run_dir: Path, *, resume: bool = False, stop_at: int | None = None) -> None:
         self.cfg, self.run_dir, self.stop_at = cfg, Path(run_dir), stop_at
         self.device = resolve_device(cfg.training.device)
+        configure_determinism(cfg.training.deterministic, self.device)  # before the first kernel runs
         tc = cfg.training
         self.engine = Engine(cfg.parallel, self.device)
         self.rank = self.engine.rank
@@ -185,7 +196,7 @@ class Trainer:
             logger.message(plan_log.finish())
         finally:
             logger.close()
-        return {"step": self.step, "tokens_seen": self.tokens_seen, **record, **self.comm_stats}
+        return {"step": self.step, "tokens_seen": self.tokens_seen, **host_values(record), **self.comm_stats}
 
     @staticmethod
     def _due(step: int, interval: int, last: int) -> bool:
@@ -198,25 +209,30 @@ class Trainer:
         return step == first or (interval > 0 and (step - first) % interval == 0)
 
     def train_step(self) -> dict[str, Any]:
+        """One optimizer step. Nothing here waits for the device: the token count, the loss scale, the loss and
+        the grad norm stay device tensors (the record's ``loss``, ``grad_norm`` and ``tokens`` are 0-dim tensors
+        that :func:`host_values` reads in one go at log steps). The one exception is fp16, whose loss scaler reads
+        the grad norm's finiteness once per optimizer step to decide whether to skip it."""
         tc, engine = self.cfg.training, self.engine
         batch = {k: v.to(self.device) for k, v in self.train_loader.next_batch().items()}
-        global_tokens = engine.dp_sum(float(self.objective.num_loss_tokens(batch)))
+        global_tokens = engine.dp_sum(self.objective.num_loss_tokens(batch))  # () float64 on the device
         loss_scale = self.scaler.scale if self.scaler else 1.0
         # d(loss_sum · scale)/dθ summed over micro-batches (and averaged over data-parallel ranks by FSDP/DDP,
-        # hence the dp factor) is the gradient of the mean loss over every token of the global batch.
-        scale = loss_scale * engine.dp_size / global_tokens
+        # hence the dp factor) is the gradient of the mean loss over every token of the global batch. Divided
+        # in float64 then rounded once to fp32: the same factor a Python float would have given.
+        scale = (loss_scale * engine.dp_size / global_tokens).float()
         if engine.pipelined:
             with autocast(tc.precision, self.device.type):
                 local_loss = engine.pipeline_step(batch, scale)
         else:
-            local_loss = 0.0
+            local_loss = torch.zeros((), dtype=torch.float64, device=self.device)
             for i in range(self.accum_steps):
                 micro = {k: v[i * self.micro_batch:(i + 1) * self.micro_batch] for k, v in batch.items()}
                 engine.set_grad_sync(self.model_parts, i == self.accum_steps - 1)
                 local_loss += self.forward_backward(micro, scale)
         max_norm = tc.max_grad_norm or math.inf
-        grad_norm = engine.clip_grad_norm_(self.model_parts, max_norm, 1.0 / loss_scale)
-        skipped = self.scaler.update(grad_norm) if self.scaler else not math.isfinite(grad_norm)
+        grad_norm = engine.clip_grad_norm_(self.model_parts, max_norm, 1.0 / loss_scale)  # () float64, pre-clip
+        skipped = self.scaler.update(grad_norm) if self.scaler else False
         lr = lr_at(self.step, self.cfg.optimizer.lr, tc.steps, self.cfg.schedule)
         for optimizer in self.optimizers:
             if not skipped:
@@ -225,17 +241,31 @@ class Trainer:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        tokens = int(global_tokens)
-        self.tokens_seen += tokens
+        self._pending_tokens = self._pending_tokens + global_tokens  # folded into tokens_seen when read
         return {"step": self.step, "loss": engine.loss_sum(local_loss) / global_tokens, "lr": lr,
-                "grad_norm": grad_norm, "skipped": skipped, "tokens": tokens}
+                "grad_norm": grad_norm, "skipped": skipped, "tokens": global_tokens}
 
-    def forward_backward(self, micro_batch: dict[str, torch.Tensor], scale: float) -> float:
-        """One micro-batch: forward, backward of ``loss_sum · scale``; returns the (local) summed loss."""
+    # Tokens of steps not yet read on the host (a device tensor); reading tokens_seen folds them in.
+    _pending_tokens: torch.Tensor | int = 0
+
+    @property
+    def tokens_seen(self) -> int:
+        if isinstance(self._pending_tokens, torch.Tensor):
+            self._tokens_seen += int(self._pending_tokens.round())
+            self._pending_tokens = 0
+        return self._tokens_seen
+
+    @tokens_seen.setter
+    def tokens_seen(self, value: int) -> None:
+        self._tokens_seen, self._pending_tokens = int(value), 0
+
+    def forward_backward(self, micro_batch: dict[str, torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
+        """One micro-batch: forward, backward of ``loss_sum · scale``; returns the (local) summed loss as a
+        float64 device tensor (no host read)."""
         with autocast(self.cfg.training.precision, self.device.type), self.engine.loss_context():
             loss_sum = self.objective.loss_sum(self.model, micro_batch)
             (loss_sum * scale).backward()
-        return to_float(loss_sum.detach())
+        return local_value(loss_sum.detach()).double()
 
     def _measured_step(self, probe_memory: bool = False) -> dict[str, Any]:
         """A training step with communication counted (bytes, calls per collective) and timed (profiler); the
@@ -268,7 +298,7 @@ class Trainer:
         for part in self.model_parts:
             part.eval()
         self.eval_loader.reset()
-        total, count = 0.0, 0.0
+        total, count = 0.0, 0
         for _ in range(self.cfg.training.eval_batches):
             batch = {k: v.to(self.device) for k, v in self.eval_loader.next_batch().items()}
             with autocast(self.cfg.training.precision, self.device.type):
@@ -276,13 +306,15 @@ class Trainer:
                     total += self.engine.pipeline_step(batch, 1.0, train=False)
                 else:
                     with self.engine.loss_context():
-                        total += to_float(self.objective.loss_sum(self.model, batch))
+                        total += local_value(self.objective.loss_sum(self.model, batch)).double()
             count += self.objective.num_loss_tokens(batch)
         for part in self.model_parts:
             part.train()
-        return self.engine.loss_sum(total) / self.engine.dp_sum(count)
+        return float(self.engine.loss_sum(total) / self.engine.dp_sum(count))
 
-    def _finish_record(self, record: dict[str, Any], tokens: int, steps: int, seconds: float) -> dict[str, Any]:
+    def _finish_record(self, record: dict[str, Any], tokens: int | torch.Tensor, steps: int,
+                       seconds: float) -> dict[str, Any]:
+        record, tokens = host_values(record), float(tokens)  # the log step is where device values are read
         tokens_per_s = tokens / seconds if seconds > 0 else float("nan")
         mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.engine.dims.world_size)
         return {**record, "tokens_per_s": tokens_per_s, "mfu": mfu, "tokens_seen": self.tokens_seen,
