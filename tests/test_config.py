@@ -60,7 +60,7 @@ def test_every_key_is_documented():
     assert len(rows) > 40
     for key, tp, _default, doc in rows:
         assert doc, f"{key} has no documentation"
-        assert tp in {"int", "float", "str", "bool"}, (key, tp)
+        assert tp in {"int", "float", "str", "bool", "list[str]"}, (key, tp)
     for stable in ("training.steps", "training.seed", "checkpoint.interval", "metrics.interval"):
         assert stable in {row[0] for row in rows}
 

@@ -54,6 +54,18 @@ class LoRALinear(nn.Linear):
         self.lora_A.copy_(values.to(self.lora_A.dtype))
         nn.init.zeros_(self.lora_B)
 
+    def param_init_local(self, local_name: str, full_name: str):
+        """Initialisation rules of the adapters when the model is materialised from the meta device
+        (meshlm/distributed/init.py): A ~ U(±1/sqrt(in)) drawn from (seed, full name), B = 0. None for the base
+        weight, which follows the model's own rule (and is then loaded from the base checkpoint)."""
+        from meshlm.models.llama import ParamInit
+
+        if local_name == "lora_A":
+            return ParamInit("uniform", 1.0 / math.sqrt(self.in_features), key=full_name)
+        if local_name == "lora_B":
+            return ParamInit("zeros")
+        return None
+
     def delta_weight(self) -> torch.Tensor:
         """(alpha / r) · B A, the (out, in) update the adapter adds to ``weight``."""
         return (self.lora_B.float() @ self.lora_A.float()) * self.scaling

@@ -1,13 +1,23 @@
 """Objectives turn a batch into a loss. The trainer knows nothing about any particular one."""
 
-from meshlm.objectives.base import Objective
+from __future__ import annotations
+
+from meshlm.config.posttrain import ObjectiveConfig
+from meshlm.objectives.base import Objective, ObjectiveContext
+from meshlm.objectives.preference import PreferenceObjective
 from meshlm.objectives.pretrain import NextTokenObjective
+from meshlm.objectives.reward import RewardObjective
+from meshlm.objectives.sft import SFTObjective
 
-OBJECTIVES = {"pretrain": NextTokenObjective}
+OBJECTIVES = {"pretrain": NextTokenObjective, "sft": SFTObjective, "reward": RewardObjective,
+              "dpo": PreferenceObjective}
 
 
-def build_objective(name: str) -> Objective:
-    return OBJECTIVES[name]()
+def build_objective(name: str, cfg: ObjectiveConfig | None = None) -> Objective:
+    """The objective ``training.objective`` names, configured by the ``[objective]`` section."""
+    cls = OBJECTIVES[name]
+    return cls() if cls is NextTokenObjective else cls(cfg or ObjectiveConfig())
 
 
-__all__ = ["Objective", "NextTokenObjective", "OBJECTIVES", "build_objective"]
+__all__ = ["Objective", "ObjectiveContext", "NextTokenObjective", "SFTObjective", "RewardObjective",
+           "PreferenceObjective", "OBJECTIVES", "build_objective"]

@@ -11,7 +11,7 @@ without shuffling); global batch b is samples ``[b*G, (b+1)*G)`` and dp rank r o
   first and then their B rejected ones, right-padded to ``seq_len``: ``input_ids``, ``labels``,
   ``attention_mask`` (bool), ``position_ids``, ``document_ids`` (0 real, 1 padding), all (2B, T), and
   ``prompt_lengths`` and ``lengths`` (2B,): the response starts at ``prompt_lengths`` and the last real token
-  is at ``lengths - 1`` (where a reward model reads its score).
+  is at ``lengths - 1`` (where a reward model reads its score); ``index`` (2B,) is each row's pair number.
 - :class:`PromptLoader`: an item is one prompt (PPO/GRPO rollouts). Batches are ragged: ``prompt_ids`` (a list
   of token-id lists), ``extra`` (each row's other fields, for a reward function) and ``index`` (row numbers).
 """
@@ -164,7 +164,11 @@ class PreferenceLoader:
         return self._order.samples_consumed
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        picked = [self.pairs[i] for i in self._order.next_items()]
+        return self.batch_for(self._order.next_items())
+
+    def batch_for(self, items: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The batch of pairs ``items`` (indices into ``pairs``), laid out as next_batch's."""
+        picked = [self.pairs[i] for i in items]
         sides = [p.chosen for p in picked] + [p.rejected for p in picked]
         T = self.seq_len
         batch = {
@@ -183,6 +187,7 @@ class PreferenceLoader:
         out = {k: torch.from_numpy(v) for k, v in batch.items()}  # (2B, T) each
         out["prompt_lengths"] = torch.tensor([p.prompt_len for p in picked] * 2, dtype=torch.long)  # (2B,)
         out["lengths"] = torch.tensor([len(e.ids) for e in sides], dtype=torch.long)  # (2B,)
+        out["index"] = torch.tensor(list(items) * 2, dtype=torch.long)  # (2B,) each row's pair number
         return out
 
     def reset(self) -> None:
