@@ -65,18 +65,6 @@ class SafetensorsWeights:
                 raise CheckpointError(f"{file} is not a readable safetensors file ({exc}); re-download or "
                                       "re-save it") from None
 
-    def load(self, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, tensor) one at a time, opening each file once (memory: one tensor beyond the caller's)."""
-        from safetensors import safe_open
-
-        by_file: dict[Path, list[str]] = {}
-        for name in names:
-            by_file.setdefault(self.entries[name][0], []).append(name)
-        for file, file_names in by_file.items():
-            with safe_open(str(file), framework="pt") as f:
-                for name in file_names:
-                    yield name, f.get_tensor(name)
-
     def read(self, name: str) -> torch.Tensor:
         """One tensor, opening its file for this read only (the file's memory map is released right after, so
         pages of the other tensors never accumulate in this process's resident memory)."""
