@@ -18,7 +18,7 @@ from pathlib import Path
 
 from meshlm.fileio import atomic_write_text
 
-KINDS = ("chat", "preference")
+KINDS = ("chat", "preference", "prompt")
 SYNTHETIC_VERSION = 1
 
 _WORDS = ("apple river stone cloud green music table window garden paper light water house forest bread "
@@ -52,11 +52,24 @@ def preference_rows(num_rows: int, seed: int) -> list[dict]:
     return rows
 
 
+def prompt_rows(num_rows: int, seed: int) -> list[dict]:
+    """Questions whose answer is a count (PPO/GRPO: ``rewards:contains_number`` asks for a digit; ``answer`` holds
+    the true count for ``rewards:matches_answer``)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_rows):
+        word = rng.choice(_WORDS)
+        count = rng.randint(1, 9)
+        rows.append({"prompt": f"{' '.join([word] * count)}. how many {word}? answer with a number:",
+                     "answer": str(count)})
+    return rows
+
+
 def write_synthetic(kind: str, out: Path, num_rows: int, seed: int) -> Path:
     """Write a synthetic JSONL set to ``out`` (a file path) atomically; returns it."""
     if kind not in KINDS:
         raise ValueError(f"unknown synthetic set {kind!r}; choose one of {KINDS}")
-    rows = chat_rows(num_rows, seed) if kind == "chat" else preference_rows(num_rows, seed)
+    rows = {"chat": chat_rows, "preference": preference_rows, "prompt": prompt_rows}[kind](num_rows, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in rows))
     return out

@@ -7,10 +7,11 @@ from meshlm.objectives.base import Objective, ObjectiveContext
 from meshlm.objectives.preference import PreferenceObjective
 from meshlm.objectives.pretrain import NextTokenObjective
 from meshlm.objectives.reward import RewardObjective
+from meshlm.objectives.rl import GRPOObjective, PPOObjective
 from meshlm.objectives.sft import SFTObjective
 
 OBJECTIVES = {"pretrain": NextTokenObjective, "sft": SFTObjective, "reward": RewardObjective,
-              "dpo": PreferenceObjective}
+              "dpo": PreferenceObjective, "ppo": PPOObjective, "grpo": GRPOObjective}
 
 
 def build_objective(name: str, cfg: ObjectiveConfig | None = None) -> Objective:
@@ -20,4 +21,4 @@ def build_objective(name: str, cfg: ObjectiveConfig | None = None) -> Objective:
 
 
 __all__ = ["Objective", "ObjectiveContext", "NextTokenObjective", "SFTObjective", "RewardObjective",
-           "PreferenceObjective", "OBJECTIVES", "build_objective"]
+           "PreferenceObjective", "PPOObjective", "GRPOObjective", "OBJECTIVES", "build_objective"]

@@ -21,21 +21,23 @@ from meshlm.config.schema import JobConfig
 from meshlm.data import TokenDataset, default_cache_dir, ensure_embedded_dataset
 from meshlm.data.posttrain import (
     PreferenceLoader,
+    PromptLoader,
     RowEncoder,
     SFTLoader,
     check_vocab,
     encode_examples,
     encode_pairs,
+    encode_prompts,
     pad_id_for,
     read_rows,
 )
 from meshlm.data.synthetic import ensure_synthetic
-from meshlm.errors import DataError
+from meshlm.errors import ConfigError, DataError
 from meshlm.tokenizer import MeshTokenizer
 
 # Files beside tokenizer.json that belong to it (foreign specials, HF chat template): copied into checkpoints.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_meta.json", "tokenizer_config.json")
-SYNTHETIC_KIND = {"sft": "chat", "reward": "preference", "dpo": "preference"}
+SYNTHETIC_KIND = {"sft": "chat", "reward": "preference", "dpo": "preference", "ppo": "prompt", "grpo": "prompt"}
 
 
 @dataclass
@@ -77,6 +79,15 @@ def data_path(cfg: JobConfig) -> Path:
     return ensure_synthetic(SYNTHETIC_KIND[cfg.training.objective], cache, seed=cfg.training.seed)
 
 
+def prompt_budget(cfg: JobConfig) -> int:
+    """Prompt tokens kept for generation (PPO/GRPO): the sequence minus the response's room."""
+    budget = cfg.data.seq_len - cfg.objective.max_new_tokens
+    if budget < 1:
+        raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) leaves no room for a prompt beside "
+                          f"objective.max_new_tokens ({cfg.objective.max_new_tokens}); raise data.seq_len")
+    return budget
+
+
 def split_rows(rows: list, fraction: float, need_eval: bool) -> tuple[list, list]:
     """(train, held-out): the last ``fraction`` of the rows are held out (at least one when evaluating)."""
     if not need_eval:
@@ -108,6 +119,12 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
         def loader(subset, batch, offset=0, **kw):
             pairs, stats = encode_pairs(subset, encoder, seq_len)
             return PairMajor(PreferenceLoader(pairs, seq_len, batch, **common, **kw), offset), stats
+    elif data_kind == "prompt":
+        def loader(subset, batch, offset=0, **kw):
+            budget = prompt_budget(cfg)
+            prompts, stats = encode_prompts(subset, encoder, budget)
+            return PromptLoader(prompts, batch, extras=[r.extra for r in subset], max_prompt_tokens=budget,
+                                dp_rank=dp_rank, dp_size=dp_size, **kw), stats
     else:
         raise DataError(f"training.objective {cfg.training.objective!r} reads {data_kind!r} data, which "
                         "meshlm train does not load yet")

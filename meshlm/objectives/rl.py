@@ -1,0 +1,336 @@
+"""The generating objectives: PPO (actor-critic RLHF) and GRPO (group-relative policy optimisation).
+
+Each trainer step is one optimizer update on one minibatch. ``next_batch`` serves minibatches from a rollout
+buffer and refills it when it runs out: a rollout takes ``rollout_prompts`` prompts per rank (G samples each),
+generates with the batched KV-cache sampler (meshlm/generate/rollout.py), scores the responses, computes
+advantages, and is then served as ``ppo_epochs`` x ``ppo_minibatches`` minibatches of ``training.batch_size``
+sequences (global; each rank its slice), reshuffled every epoch. Formulas: objectives/losses.py and
+docs/post-training.md.
+
+Layout (docs/post-training.md, "PPO and GRPO"): the actor is the trained model; PPO's critic is a value head on
+the actor's trunk (``output.value``, shared-trunk actor-critic as in TRL's classic PPO), so it is trained,
+sharded and checkpointed with the policy by the one optimizer; the reference (``checkpoint.init_from``, or the
+seeded start) and the reward model (``objective.reward_model``) are frozen copies laid out like the policy.
+
+Resume: the sampler's generator is seeded by (training.seed, rollout number, dp rank), so the next rollout is
+regenerated exactly; a checkpoint taken inside a rollout's minibatches stores the rollout buffer itself
+(``state_dict``, base64 of torch.save) because the policy that generated it no longer exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from meshlm.config.posttrain import ObjectiveConfig
+from meshlm.data.posttrain import PromptLoader, pad_id_for
+from meshlm.errors import ConfigError
+from meshlm.generate.rollout import Rollout, SamplingConfig, rollout, unwrap
+from meshlm.models.llama import ParamInit
+from meshlm.objectives.base import IGNORE_INDEX, MetricSums, ObjectiveContext
+from meshlm.objectives.losses import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_from_logits,
+    gae,
+    group_advantages,
+    grpo_token_losses,
+    kl_penalty,
+    masked_mean,
+    rlhf_rewards,
+    token_logps,
+    whiten,
+)
+from meshlm.objectives.rewards import call_reward_fn, load_reward_fn, reward_model_scores
+from meshlm.train.precision import autocast
+
+
+class ValueHead(nn.Linear):
+    """dim -> 1 state value; starts at zero (every value 0), so the first rollout's advantages are the returns."""
+
+    def param_init_local(self, local_name: str, full_name: str) -> ParamInit:
+        return ParamInit("zeros")
+
+
+class PolicyValueOutput(nn.Linear):
+    """The vocabulary head ``output`` (its weight keeps the name ``output.weight``, and stays tied when the model
+    ties it) with the value head ``output.value`` beside it. ``forward`` returns the logits and keeps the values
+    of the same positions in ``self.values`` (B, T) fp32 for the objective to take."""
+
+    def __init__(self, dim: int, vocab_size: int, device=None, dtype=None) -> None:
+        super().__init__(dim, vocab_size, bias=False, device=device, dtype=dtype)
+        self.value = ValueHead(dim, 1, device=device, dtype=dtype)
+        self.values: torch.Tensor | None = None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        self.values = self.value(h).squeeze(-1).float()  # (B, T)
+        return super().forward(h)  # (B, T, V)
+
+    def take_values(self) -> torch.Tensor:
+        values, self.values = self.values, None
+        assert values is not None, "the model has not run forward since the values were last taken"
+        return values
+
+
+def forward_sequences(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits predicting each response token (B, N, V), and the response labels (B, N) with IGNORE_INDEX off
+    the response mask. The prompt width is P = L - N (all rows of a rollout share it)."""
+    ids, mask = batch["input_ids"], batch["response_mask"]  # (B, L), (B, N)
+    P = ids.shape[1] - mask.shape[1]
+    logits = model(ids, position_ids=batch["position_ids"], padding_mask=batch["padding_mask"])  # (B, L, V)
+    labels = torch.where(mask, ids[:, P:], IGNORE_INDEX)  # (B, N)
+    return logits[:, P - 1:-1], labels  # slot t's logits predict slot t + 1
+
+
+class RLObjective:
+    """Shared by PPO and GRPO: the rollout buffer, its minibatches and resumable state."""
+
+    name = "rl"
+    data_kind = "prompt"
+
+    def __init__(self, cfg: ObjectiveConfig | None = None) -> None:
+        self.cfg = cfg or ObjectiveConfig()
+        self._metrics = MetricSums()
+        self.buffer: dict[str, torch.Tensor] | None = None
+        self.position = 0  # minibatches served from the buffer
+        self.num_rollouts = 0
+        self.loader: PromptLoader | None = None
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def setup(self, ctx: ObjectiveContext) -> None:
+        job, self.engine, self.device = ctx.cfg, ctx.engine, ctx.device
+        tc, oc = job.training, self.cfg
+        if len(ctx.model_parts) != 1 or ctx.engine.dims.tp > 1:
+            raise ConfigError(f"{self.name} runs on single device, DDP and FSDP2; set parallel.tp=1 and parallel.pp=1")
+        if tc.eval_interval:
+            raise ConfigError(f"{self.name} has no held-out loss to evaluate; set training.eval_interval=0")
+        dp = ctx.engine.dp_size
+        samples = tc.batch_size * oc.ppo_minibatches  # per rollout, global
+        if samples % (oc.group_size * dp):
+            raise ConfigError(f"training.batch_size x objective.ppo_minibatches ({samples} sequences per rollout) "
+                              f"must be a multiple of objective.group_size x data-parallel ranks "
+                              f"({oc.group_size} x {dp})")
+        self.job, self.policy, self.tokenizer = job, ctx.model_parts[0], ctx.tokenizer
+        self.loader = PromptLoader(ctx.train_loader.prompts, samples // oc.group_size,
+                                   extras=ctx.train_loader.extras, max_prompt_tokens=job.data.seq_len,
+                                   dp_rank=ctx.engine.dp_rank, dp_size=dp, seed=tc.seed)
+        self.chunk = tc.micro_batch_size or tc.batch_size // dp  # rows per no-grad forward while scoring
+        special = ctx.tokenizer.special_ids
+        eos = {ctx.tokenizer.eos_id} | ({special["<|end|>"]} if "<|end|>" in special else set())
+        self.sampling = SamplingConfig(oc.max_new_tokens, tuple(sorted(eos)), pad_id_for(ctx.tokenizer),
+                                       oc.temperature, oc.top_k, oc.top_p, vocab_limit=ctx.tokenizer.vocab_size)
+        self.sampling.validate()
+        self.reference = ctx.build_frozen(job.checkpoint.init_from or None)[0]
+        self.reward_fn = load_reward_fn(oc.reward_fn) if oc.reward_fn else None
+        self.reward_model = ctx.build_frozen(oc.reward_model)[0] if oc.reward_model else None
+        if (self.reward_fn is None) == (self.reward_model is None):
+            raise ConfigError(f"{self.name} needs exactly one of objective.reward_fn ('module:function') and "
+                              "objective.reward_model (a reward run's checkpoint)")
+
+    # ------------------------------------------------------------------------------------------- minibatches
+    @property
+    def steps_per_rollout(self) -> int:
+        return self.cfg.ppo_epochs * self.cfg.ppo_minibatches
+
+    def next_batch(self, loader: Any = None) -> dict[str, torch.Tensor]:
+        if self.buffer is None or self.position == self.steps_per_rollout:
+            self.buffer, self.position = self._collect(), 0
+            self.num_rollouts += 1
+        epoch, index = divmod(self.position, self.cfg.ppo_minibatches)
+        self.position += 1
+        size = next(iter(self.buffer.values())).shape[0] // self.cfg.ppo_minibatches
+        order = torch.randperm(size * self.cfg.ppo_minibatches,
+                               generator=self._generator("minibatch", epoch, rank_specific=True))
+        rows = order[index * size:(index + 1) * size]
+        return {k: v[rows] for k, v in self.buffer.items()}
+
+    def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["response_mask"].sum()  # the loss is a mean over every response token of the global batch
+
+    def metrics(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return self._metrics.pop()
+
+    # ---------------------------------------------------------------------------------------------- rollout
+    def _generator(self, purpose: str, index: int = 0, rank_specific: bool = True) -> torch.Generator:
+        """A generator for (seed, rollout number, purpose, index[, dp rank]): nothing to checkpoint."""
+        rank = self.engine.dp_rank if rank_specific else 0
+        key = f"{self.job.training.seed}:{self.num_rollouts}:{purpose}:{index}:{rank}"
+        seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
+        return torch.Generator(device="cpu").manual_seed(seed)
+
+    def _all_finished(self, done: bool) -> bool:
+        """True once every data-parallel rank is done: they must run the same number of forwards (FSDP)."""
+        if self.engine.dp_size == 1:
+            return done
+        flag = torch.tensor([float(done)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.engine.mesh["dp"].get_group())
+        return bool(flag.item())
+
+    @torch.no_grad()
+    def _generate(self) -> tuple[Rollout, list[dict]]:
+        batch = self.loader.next_batch()
+        G = self.cfg.group_size
+        prompts = [p for p in batch["prompt_ids"] for _ in range(G)]  # the G samples of a prompt are adjacent
+        extras = [e for e in batch["extra"] for _ in range(G)]
+        self.policy.eval()
+        start = time.perf_counter()
+        generator = self._generator("sample")
+        if self.device.type != "cpu":
+            generator = torch.Generator(device=self.device).manual_seed(generator.initial_seed())
+        with autocast(self.job.training.precision, self.device.type):
+            out = rollout(self.policy, prompts, self.sampling, generator=generator, device=self.device,
+                          all_finished=self._all_finished)
+        seconds = time.perf_counter() - start
+        self.policy.train()
+        self._metrics.add("rollout_tokens_per_s", torch.tensor(out.num_tokens / seconds))
+        self._metrics.add("response_length", out.response_mask.sum(1).double())
+        return out, extras
+
+    @torch.no_grad()
+    def _score_forward(self, model: nn.Module, batch: dict[str, torch.Tensor],
+                       values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token log-probs of the responses (B, N) and, with ``values``, the value head's (B, N), in chunks."""
+        logps, vals = [], []
+        B = batch["input_ids"].shape[0]
+        for start in range(0, B, self.chunk):
+            part = {k: v[start:start + self.chunk] for k, v in batch.items()}
+            with autocast(self.job.training.precision, self.device.type):
+                logits, labels = forward_sequences(model, part)
+            logps.append(token_logps(logits / self._temperature, labels))
+            if values:
+                P = part["input_ids"].shape[1] - part["response_mask"].shape[1]
+                vals.append(unwrap(model).output.take_values()[:, P - 1:-1])
+        return torch.cat(logps), (torch.cat(vals) if values else None)
+
+    @property
+    def _temperature(self) -> float:
+        """Log-probs are those of the sampling temperature's distribution (as TRL), so that the first ratio is 1."""
+        return self.cfg.temperature
+
+    def _scores(self, out: Rollout, batch: dict[str, torch.Tensor], extras: list[dict]) -> torch.Tensor:
+        """(B,) fp32 sequence scores from the reward function or the reward model."""
+        if self.reward_model is not None:
+            chunks = [reward_model_scores(self.reward_model, batch["input_ids"][s:s + self.chunk],
+                                          batch["padding_mask"][s:s + self.chunk],
+                                          batch["position_ids"][s:s + self.chunk])
+                      for s in range(0, out.prompt_ids.shape[0], self.chunk)]
+            return torch.cat(chunks).float()
+        decode = self.tokenizer.decode
+        prompts = [decode(p[m].tolist(), skip_special_tokens=True) for p, m in zip(out.prompt_ids, out.prompt_mask)]
+        responses = [decode(r[m].tolist(), skip_special_tokens=True)
+                     for r, m in zip(out.response_ids, out.response_mask)]
+        return call_reward_fn(self.reward_fn, self.cfg.reward_fn, prompts, responses, extras, self.device)
+
+    def _collect(self) -> dict[str, torch.Tensor]:
+        """One rollout: generate, score, and compute what the minibatches need (the subclass's advantages)."""
+        out, extras = self._generate()
+        ids, mask, positions = out.sequences()
+        batch = {"input_ids": ids, "padding_mask": mask, "position_ids": positions,
+                 "response_mask": out.response_mask}
+        scores = self._scores(out, batch, extras)
+        old_logps, old_values = self._score_forward(self.policy, batch, values=self.uses_values)
+        ref_logps, _ = self._score_forward(self.reference, batch)
+        response = out.response_mask
+        self._metrics.add("reward", scores)
+        self._metrics.add("kl", kl_penalty(old_logps, ref_logps, "k1")[response])
+        batch.update(old_logps=old_logps, ref_logps=ref_logps)
+        batch.update(self.advantages(scores, old_logps, ref_logps, old_values, response))
+        return batch
+
+    # --------------------------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        mid_rollout = self.buffer is not None and 0 < self.position < self.steps_per_rollout
+        return {"loader": self.loader.state_dict(), "num_rollouts": self.num_rollouts, "position": self.position,
+                "buffer": _encode({k: v.cpu() for k, v in self.buffer.items()}) if mid_rollout else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self.num_rollouts, self.position = int(state["num_rollouts"]), int(state["position"])
+        self.buffer = None
+        if state.get("buffer") is not None:
+            self.buffer = {k: v.to(self.device) for k, v in _decode(state["buffer"]).items()}
+        else:
+            self.position = self.steps_per_rollout  # the next step starts a new rollout
+
+
+def _encode(tensors: dict[str, torch.Tensor]) -> str:
+    data = io.BytesIO()
+    torch.save(tensors, data)
+    return base64.b64encode(data.getvalue()).decode("ascii")
+
+
+def _decode(text: str) -> dict[str, torch.Tensor]:
+    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)
+
+
+class GRPOObjective(RLObjective):
+    """GRPO (Shao et al. 2024): one advantage per sequence, ``(r − mean) / (std + 1e-4)`` within its prompt's
+    group of G samples; clipped surrogate per token; ``kl_coef`` · k3 to the reference in the loss; no critic."""
+
+    name = "grpo"
+    uses_values = False
+
+    def advantages(self, scores, old_logps, ref_logps, old_values, response) -> dict[str, torch.Tensor]:
+        adv = group_advantages(scores, self.cfg.group_size)  # (B,)
+        return {"advantages": adv[:, None].expand_as(old_logps).contiguous()}  # (B, N)
+
+    def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits, labels = forward_sequences(model, batch)
+        logps = token_logps(logits / self._temperature, labels)  # (B, N)
+        mask = batch["response_mask"]
+        out = grpo_token_losses(logps, batch["old_logps"], batch["advantages"], mask, batch["ref_logps"],
+                                self.cfg.cliprange, self.cfg.kl_coef)
+        self._loss_metrics(logits, mask, out)
+        return out.losses.sum()
+
+    def _loss_metrics(self, logits: torch.Tensor, mask: torch.Tensor, out) -> None:
+        with torch.no_grad():
+            self._metrics.add("entropy", entropy_from_logits(logits / self._temperature)[mask])
+            self._metrics.add("clip_fraction", out.clip_fraction)
+            self._metrics.add("approx_kl", out.approx_kl)
+
+
+class PPOObjective(GRPOObjective):
+    """PPO with a KL-penalised reward (Ouyang et al. 2022): per-token rewards −kl_coef·k1 plus the score at the
+    last response token; GAE(γ, λ) with the value head; whitened advantages; clipped policy and value losses,
+    the value loss weighted by ``vf_coef``."""
+
+    name = "ppo"
+    uses_values = True
+
+    def adapt_model(self, model: nn.Module) -> None:
+        old = model.output
+        model.output = PolicyValueOutput(old.in_features, old.out_features, device=old.weight.device,
+                                         dtype=old.weight.dtype)
+        model.tie_weights()
+
+    def init_from_keep(self, key: str) -> bool:
+        """A policy checkpoint (SFT, pretrain) has no value head: it keeps its zero start."""
+        return not key.startswith("output.value.")
+
+    def advantages(self, scores, old_logps, ref_logps, old_values, response) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        rewards = rlhf_rewards(scores, old_logps, ref_logps, response, cfg.kl_coef, "k1")  # (B, N)
+        adv, returns = gae(rewards, old_values, response, cfg.gamma, cfg.lam)
+        return {"advantages": whiten(adv, response), "returns": returns, "old_values": old_values}
+
+    def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits, labels = forward_sequences(model, batch)
+        P = batch["input_ids"].shape[1] - batch["response_mask"].shape[1]
+        values = unwrap(model).output.take_values()[:, P - 1:-1]  # (B, N) value of the state before each token
+        logps = token_logps(logits / self._temperature, labels)
+        mask = batch["response_mask"]
+        out = clipped_policy_loss(logps, batch["old_logps"], batch["advantages"], mask, self.cfg.cliprange)
+        value_losses, value_clip = clipped_value_loss(values, batch["old_values"], batch["returns"], mask,
+                                                      self.cfg.cliprange_value)
+        self._loss_metrics(logits, mask, out)
+        self._metrics.add("value_loss", masked_mean(value_losses.detach(), mask))
+        self._metrics.add("value_clip_fraction", value_clip)
+        return (out.losses + self.cfg.vf_coef * value_losses).sum()
