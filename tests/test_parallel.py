@@ -34,6 +34,7 @@ LAYOUTS = {
     "hsdp2x2": (4, sets(parallel__dp_replicate=2, parallel__dp_shard=2)),
     "tp2-sp": (2, sets(parallel__tp=2, parallel__dp_shard=1)),
     "tp2-nosp": (2, sets(parallel__tp=2, parallel__dp_shard=1, parallel__sequence_parallel="false")),
+    "tp2-qk-norm": (2, sets(parallel__tp=2, parallel__dp_shard=1, model__qk_norm="true")),  # head-shared norm grads
     "pp2-gpipe": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="gpipe")),
     "pp2-1f1b": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="1f1b")),
     "pp2-interleaved": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="interleaved-1f1b")),

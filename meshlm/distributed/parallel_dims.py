@@ -68,9 +68,6 @@ class ParallelDims:
             if parallel.sequence_parallel and seq_len % tp:
                 raise ConfigError(f"data.seq_len ({seq_len}) is not divisible by parallel.tp ({tp}) for sequence "
                                   "parallelism; change data.seq_len or set parallel.sequence_parallel=false")
-            if model.qk_norm:
-                raise ConfigError("tensor parallelism with model.qk_norm (Qwen3) is not supported yet; use "
-                                  "parallel.tp=1")
         if self.pp > 1:
             stages = self.pp * parallel.num_stages_per_rank
             if model.n_layers < stages:

@@ -62,6 +62,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
             "feed_forward.w3": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=residual),
         }
+        if block.attention.q_norm is not None:
+            # Qwen3's q/k norms: one (Dh,) weight shared by all heads, while each rank holds only its heads of
+            # (B, T, H, Dh). As Replicate DTensors applied to a head-sharded (Shard(2)) input, their gradients are
+            # the sum over every head of every rank (DTensor all-reduces the partial sums), as on one device.
+            plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         if sequence_parallel:
             plan.update({
                 "attention_norm": SequenceParallel(),

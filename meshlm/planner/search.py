@@ -68,8 +68,6 @@ def validity(spec: ModelSpec, layout: Layout, training: Training) -> str:
         for name in ("n_heads", "n_kv_heads", "ffn_hidden_dim"):
             if getattr(spec, name) % t:
                 return f"{name} ({getattr(spec, name)}) is not divisible by tp {t}"
-        if spec.qk_norm:
-            return "tensor parallelism with qk_norm is not supported by the engine"
     if layout.pp > 1:
         if spec.n_layers < layout.num_stages:
             return f"{spec.n_layers} layers < {layout.num_stages} pipeline stages"
@@ -118,7 +116,7 @@ def _tp_options(spec: ModelSpec, hw: Hardware, gpus: int, training: Training) ->
     for t in divisors(gpus):
         if t > hw.gpus_per_node and t > 1:
             continue  # tensor parallelism stays inside a node
-        if t == 1 or not (spec.n_heads % t or spec.n_kv_heads % t or spec.ffn_hidden_dim % t or spec.qk_norm):
+        if t == 1 or not (spec.n_heads % t or spec.n_kv_heads % t or spec.ffn_hidden_dim % t):
             out.append(t)
     return out
 
