@@ -3,6 +3,11 @@ same dimensions in the same process as the reference. Prints a markdown table (a
 
     python scripts/bench_train.py                                   # CPU: debug and small, fp32
     python scripts/bench_train.py --device cuda --precision bf16    # a GPU
+    python scripts/bench_train.py --flavors small --profile         # where meshlm's step spends its time
+
+Each process alternates meshlm and HF steps (one each, in turn) and reports tokens/s from the median step
+time, so that load from other processes on a shared machine falls on both alike; the ratio is the robust
+figure.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import platform
 
 import torch
 
-from meshlm.train.bench import bench_train
+from meshlm.train.bench import bench_train, profile_train_step
 
 
 def main() -> None:
@@ -28,7 +33,15 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true", help="skip the compiled runs")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", action="store_true", help="print the profiler's top ops of meshlm's eager step "
+                                                           "(each flavour) instead of benchmarking")
     args = p.parse_args()
+    if args.profile:
+        for flavor in args.flavors.split(","):
+            print(f"# {flavor}: top ops of meshlm's training step, batch {args.batch} x seq {args.seq}, "
+                  f"{args.precision}, {torch.get_num_threads()} threads")
+            print(profile_train_step(flavor, args.batch, args.seq, precision=args.precision, device=args.device))
+        return
     device = args.device
     name = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()}, " \
         f"{torch.get_num_threads()} threads"

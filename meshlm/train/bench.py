@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable
 
@@ -18,17 +19,26 @@ from meshlm.train.optim import build_optimizer
 from meshlm.train.precision import autocast
 
 
-def _time_steps(step: Callable[[], None], steps: int, warmup: int, device: torch.device) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step_times(steps: list[Callable[[], None]], timed: int, warmup: int, device: torch.device) -> list[list[float]]:
+    """Seconds per step of each step function, run in turn (a, b, a, b, ...) so that a shared machine's load
+    falls on all of them alike; returns one list of ``timed`` durations per function."""
     for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+        for step in steps:
+            step()
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(timed):
+        for step, out in zip(steps, times):
+            _sync(device)
+            start = time.perf_counter()
+            step()
+            _sync(device)
+            out.append(time.perf_counter() - start)
+    return times
 
 
 def _train_step_fn(model: nn.Module, loss_fn: Callable[[nn.Module, dict], torch.Tensor], batch: dict,
@@ -55,32 +65,41 @@ def synthetic_batch(cfg: ModelConfig, batch: int, seq: int, device: torch.device
 
 def bench_train(flavor: str, batch: int, seq: int, steps: int, *, warmup: int = 2, compile: bool = False,
                 precision: str = "fp32", device: str = "cpu", compare_hf: bool = False) -> dict[str, Any]:
+    """tokens/s of meshlm's training step from the median step time; with ``compare_hf``, transformers' Llama
+    of the same shapes stepped alternately with it in this process, and the ratio of the medians."""
     dev = torch.device(device)
     cfg = flavor_config(flavor)
     cfg.max_seq_len = max(cfg.max_seq_len, seq)
-    engine = Engine(ParallelConfig(dp_shard=1), dev)  # single device: the engine applies AC/compile only
-    training = TrainingConfig(compile=compile, precision=precision)
-    model = engine.parallelize(build_model(cfg, dev, seed=0), training, None, 1)[0]
     data = synthetic_batch(cfg, batch, seq, dev)
-    seconds = _time_steps(_train_step_fn(model, NextTokenObjective().loss_sum, data, precision, dev), steps, warmup,
-                          dev)
+    step_fns = [_meshlm_step(cfg, data, compile, precision, dev)]
+    if compare_hf:
+        step_fns.append(_hf_step(cfg, data, compile, precision, dev))
+    times = _step_times(step_fns, steps, warmup, dev)
+    seconds = statistics.median(times[0])
     peak, peak_source = peak_flops(dev, precision)
     flops_per_token = model_flops_per_token(cfg, seq)
-    tokens_per_s = batch * seq * steps / seconds
+    tokens_per_s = batch * seq / seconds
     result = {"flavor": flavor, "batch": batch, "seq": seq, "steps": steps, "compile": compile,
               "precision": precision, "device": str(dev), "num_threads": torch.get_num_threads(),
-              "params": cfg.num_params(), "tokens_per_s": tokens_per_s, "step_time_s": seconds / steps,
+              "params": cfg.num_params(), "tokens_per_s": tokens_per_s, "step_time_s": seconds,
               "flops_per_token": flops_per_token, "achieved_flops": tokens_per_s * flops_per_token,
               "matmul_peak_flops": peak, "peak_source": peak_source,
               "mfu": tokens_per_s * flops_per_token / peak}
     if compare_hf:
-        hf_tps = _bench_hf(cfg, data, steps, warmup, compile, precision, dev)
-        result.update(hf_tokens_per_s=hf_tps, ratio_to_hf=tokens_per_s / hf_tps)
+        hf_seconds = statistics.median(times[1])
+        result.update(hf_tokens_per_s=batch * seq / hf_seconds, ratio_to_hf=hf_seconds / seconds)
     return result
 
 
-def _bench_hf(cfg: ModelConfig, data: dict, steps: int, warmup: int, compile: bool, precision: str,
-              dev: torch.device) -> float:
+def _meshlm_step(cfg: ModelConfig, data: dict, compile: bool, precision: str,
+                 dev: torch.device) -> Callable[[], None]:
+    engine = Engine(ParallelConfig(dp_shard=1), dev)  # single device: the engine applies AC/compile only
+    training = TrainingConfig(compile=compile, precision=precision)
+    model = engine.parallelize(build_model(cfg, dev, seed=0), training, None, 1)[0]
+    return _train_step_fn(model, NextTokenObjective().loss_sum, data, precision, dev)
+
+
+def _hf_step(cfg: ModelConfig, data: dict, compile: bool, precision: str, dev: torch.device) -> Callable[[], None]:
     """The same dimensions through transformers' LlamaForCausalLM, same optimizer and loss, same process."""
     from meshlm.errors import ConfigError
 
@@ -104,6 +123,24 @@ def _bench_hf(cfg: ModelConfig, data: dict, steps: int, warmup: int, compile: bo
         logits = m(input_ids=batch["input_ids"]).logits
         return NextTokenObjective.loss_from_logits(logits, batch["labels"])
 
-    batch, seq = data["input_ids"].shape
-    seconds = _time_steps(_train_step_fn(model, loss_fn, data, precision, dev), steps, warmup, dev)
-    return batch * seq * steps / seconds
+    return _train_step_fn(model, loss_fn, data, precision, dev)
+
+
+def profile_train_step(flavor: str, batch: int, seq: int, steps: int = 3, *, compile: bool = False,
+                       precision: str = "fp32", device: str = "cpu", row_limit: int = 15) -> str:
+    """torch.profiler's table of the ops that take meshlm's training step's time (self time, top ``row_limit``),
+    over ``steps`` steps after two warm-up steps: the evidence behind each optimisation in docs/benchmarks.md."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device(device)
+    cfg = flavor_config(flavor)
+    cfg.max_seq_len = max(cfg.max_seq_len, seq)
+    step = _meshlm_step(cfg, synthetic_batch(cfg, batch, seq, dev), compile, precision, dev)
+    for _ in range(2):
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    sort_by = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
