@@ -182,11 +182,12 @@ def test_attention_matches_explicit_reference(flags, window):
     cfg = tiny_cfg(**flags)
     torch.manual_seed(0)
     attn = Attention(cfg)
-    attn.init_weights(0.1, 0.1)
     with torch.no_grad():  # non-trivial biases and norm weights, so that their use is checked too
         for p in attn.parameters():
             if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.3)
+                p.copy_(1.0 + torch.randn_like(p) * 0.3)
+            else:
+                p.normal_(0.0, 0.1)
     x = torch.randn(2, 10, 32)
     cos, sin = precompute_rope(cfg, 10)
     mask = attention_mask(10, 10, window=window)

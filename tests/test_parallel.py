@@ -179,7 +179,6 @@ def test_impossible_world_sizes(overrides, world, message):
     (["parallel.pp=4", "parallel.dp_shard=1", "parallel.pp_schedule=interleaved-1f1b"], 4,
      "model.n_layers (4) is fewer than the 8 pipeline stages"),
     (["parallel.pp=2", "parallel.dp_shard=1", "parallel.microbatches=3"], 2, "not divisible into parallel.microbatches"),
-    (["parallel.pp=2", "parallel.dp_shard=1", "model.tie_embeddings=true"], 2, "cannot be split across pipeline"),
     (["parallel.pp=2", "parallel.dp_shard=1", "parallel.stages_per_rank=2", "parallel.pp_schedule=1f1b"], 2,
      "runs one stage per rank"),
     (["parallel.tp=2", "parallel.dp_shard=1", "data.seq_len=63"], 2, "not divisible by parallel.tp (2) for sequence"),

@@ -69,7 +69,7 @@ def _train(args: argparse.Namespace, cfg) -> int:
 
     from meshlm.distributed.launch import in_worker, init_distributed
     from meshlm.plots import plot_loss
-    from meshlm.train.run_dir import check_run_dir, write_run_dir
+    from meshlm.train.run_dir import check_run_dir, write_peak_rss, write_run_dir
     from meshlm.train.trainer import Trainer
 
     init_distributed(cfg.parallel.timeout_s, cfg.training.device)
@@ -92,6 +92,7 @@ def _train(args: argparse.Namespace, cfg) -> int:
         raise
     if dist.is_initialized():
         # Leave together: a rank that tears down its gloo pairs while a peer still finishes the last
+        write_peak_rss(run_dir, rank)  # only with MESHLM_PEAK_RSS=1
         # collective can make that peer abort.
         dist.barrier()
         dist.destroy_process_group()

@@ -1,6 +1,7 @@
-"""The engine: owns the mesh and applies parallelism to a built model, from outside, in this order:
-pipeline split → per stage: tensor parallel (+ sequence / loss parallel) → activation checkpointing → compile →
-FSDP2 / HSDP / DDP. It also provides the reductions the trainer needs across data-parallel ranks and
+"""The engine: owns the mesh and applies parallelism to a model built on the meta device, from outside, in this
+order: pipeline split → per stage: tensor parallel (+ sequence / loss parallel) → activation checkpointing →
+compile → FSDP2 / HSDP; then it materialises only this rank's shards (meshlm/distributed/init.py) and, for
+plain data parallelism, wraps the model in DDP. It also provides the reductions the trainer needs across data-parallel ranks and
 pipeline stages. With every degree 1 (single device) each step is a no-op and there is no process group.
 """
 
@@ -18,8 +19,9 @@ from torch.distributed.tensor import DTensor
 from meshlm.config.schema import ParallelConfig, TrainingConfig
 from meshlm.distributed.activation_checkpoint import apply_activation_checkpointing
 from meshlm.distributed.data_parallel import apply_ddp, apply_fsdp, set_grad_sync
+from meshlm.distributed.init import materialize
 from meshlm.distributed.parallel_dims import ParallelDims
-from meshlm.distributed.pipeline import build_schedule, split_model, stage_ids
+from meshlm.distributed.pipeline import TiedEmbeddings, build_schedule, split_model, stage_ids
 from meshlm.distributed.tensor_parallel import apply_tensor_parallel, loss_context
 
 
@@ -47,6 +49,7 @@ class Engine:
         self.stage_indices = stage_ids(self.pp_rank, self.dims.pp, cfg.num_stages_per_rank, cfg.pp_schedule) \
             if self.dims.pp > 1 else [0]
         self.schedule = None
+        self.tied: TiedEmbeddings | None = None  # pipelined tied embeddings: one copy on each end stage
         self._pp_scale = 1.0
 
     # ------------------------------------------------------------------------------------------ properties
@@ -68,13 +71,29 @@ class Engine:
 
     # --------------------------------------------------------------------------------------- parallelize
     def parallelize(self, model: nn.Module, training: TrainingConfig, loss_fn: Callable | None,
-                    microbatches: int) -> list[nn.Module]:
-        """Split/shard ``model`` (materialised identically on every rank) into this rank's model parts."""
+                    microbatches: int, *, frozen: bool = False) -> list[nn.Module]:
+        """Split/shard ``model`` into this rank's model parts.
+
+        A model on the meta device (the trainer's) is split and sharded while it costs nothing, then each rank
+        allocates and initialises only its own shards from ``training.seed``: the values equal the single-device
+        run's whatever the layout, and no rank ever holds the whole model. A materialised model (identical on
+        every rank) is split and sharded as it is. ``frozen``: a model that never trains (a DPO reference, a
+        reward model): laid out the same, but not wrapped in DDP (it has no gradients to average).
+        """
+        on_meta = any(p.is_meta for p in model.parameters())
         if self.pipelined:
-            parts = split_model(model, self.stage_indices, self.num_stages)
+            parts = split_model(model, self.stage_indices, self.num_stages)  # deep copies: free on meta
+            if model.cfg.tie_embeddings:
+                self.tied = TiedEmbeddings(parts, self.stage_indices, self.num_stages, self.mesh["pp"],
+                                           self._last_stage_rank())
         else:
             parts = [model]
         parts = [self._parallelize_part(part, training) for part in parts]
+        if on_meta:
+            for part in parts:
+                materialize(part, self.device, training.seed)
+        if self._uses_ddp and not frozen:
+            parts = [apply_ddp(part, self.mesh["dp"]) for part in parts]  # after materialising: DDP broadcasts
         if self.pipelined:
             assert loss_fn is not None
             self.schedule = build_schedule(parts, self.stage_indices, self.num_stages, self.mesh["pp"], self.device,
@@ -89,12 +108,20 @@ class Engine:
         if training.compile:
             for block in part.layers.values():
                 block.compile()
-        if dims.dp > 1:
-            if dims.dp_shard == 1 and dims.tp == 1 and dims.pp == 1:
-                return apply_ddp(part, self.mesh["dp"])
+        if dims.dp > 1 and not self._uses_ddp:
             dp_mesh = self.mesh["hsdp"] if dims.dp_replicate > 1 else self.mesh["dp_shard"]
             apply_fsdp(part, dp_mesh, training.precision, self.cfg.reshard_after_forward, self.pipelined)
         return part
+
+    def _last_stage_rank(self) -> int:
+        cfg, pp = self.cfg, self.dims.pp
+        return next(r for r in range(pp)
+                    if self.num_stages - 1 in stage_ids(r, pp, cfg.num_stages_per_rank, cfg.pp_schedule))
+
+    @property
+    def _uses_ddp(self) -> bool:
+        d = self.dims
+        return d.dp > 1 and d.dp_shard == 1 and d.tp == 1 and d.pp == 1
 
     def describe_data_parallel(self) -> str:
         d = self.dims
@@ -133,6 +160,8 @@ class Engine:
             if train:
                 # return_outputs=False: otherwise the last stage keeps every micro-batch's logits to the end
                 self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+                if self.tied is not None:
+                    self.tied.sync_grads()  # before clipping: the tied gradient is the sum of both uses
             else:
                 self.schedule.eval(*args, target=target, losses=losses)
         # The schedule returns one scaled loss per micro-batch (it may also call loss_fn outside the step while
@@ -182,7 +211,11 @@ class Engine:
             key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
             groups.setdefault(key, []).append(p.grad)
         norm_sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for grads in groups.values():
+        duplicates = self.tied.duplicate_grads() if self.tied is not None else set()  # a tied matrix counts once
+        for all_grads in groups.values():
+            grads = [g for g in all_grads if id(g) not in duplicates]
+            if not grads:
+                continue
             norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
             norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
             norm_sq += norm.double() ** 2

@@ -73,9 +73,6 @@ class ParallelDims:
             if model.n_layers < stages:
                 raise ConfigError(f"model.n_layers ({model.n_layers}) is fewer than the {stages} pipeline stages "
                                   f"(parallel.pp {self.pp} x stages_per_rank {parallel.num_stages_per_rank})")
-            if model.tie_embeddings:
-                raise ConfigError("model.tie_embeddings cannot be split across pipeline stages; set "
-                                  "model.tie_embeddings=false or parallel.pp=1")
             microbatches = parallel.microbatches or self.pp
             if local_batch % microbatches:
                 raise ConfigError(f"each data-parallel rank gets {local_batch} sequences, not divisible into "

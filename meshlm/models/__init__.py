@@ -6,22 +6,27 @@ import torch
 
 from meshlm.models.config import ModelConfig
 from meshlm.models.flavors import FLAVORS, flavor_config
-from meshlm.models.llama import KVCache, Transformer
+from meshlm.models.llama import KVCache, ParamInit, Transformer
+
+
+def meta_model(cfg: ModelConfig) -> Transformer:
+    """The model on the meta device: shapes only, no memory. The engine splits and shards it, then materialises
+    only this rank's shards (meshlm/distributed/init.py)."""
+    with torch.device("meta"):
+        return Transformer(cfg)
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str, *, seed: int | None = None) -> Transformer:
-    """Build on the meta device (no memory, no init work), allocate on `device`, then initialise.
+    """The whole model on one device, initialised from ``seed`` by the same per-parameter rule as every parallel
+    layout (so a single-device run is their reference). ``seed=None`` draws a seed from torch's global RNG."""
+    from meshlm.distributed.init import materialize
 
-    Seeding (torch.manual_seed) happens right before init_weights, so the same seed gives the same weights
-    whatever was drawn from the global RNG before.
-    """
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.to_empty(device=device)
-    if seed is not None:
-        torch.manual_seed(seed)
-    model.init_weights(buffer_device=device)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    model = meta_model(cfg)
+    materialize(model, device, seed)
     return model
 
 
-__all__ = ["FLAVORS", "KVCache", "ModelConfig", "Transformer", "build_model", "flavor_config"]
+__all__ = ["FLAVORS", "KVCache", "ModelConfig", "ParamInit", "Transformer", "build_model", "flavor_config",
+           "meta_model"]

@@ -4,7 +4,8 @@ One class covers Llama 2/3/3.1, Mistral, Qwen2 (``qkv_bias``) and Qwen3 (``qk_no
 :class:`~meshlm.models.config.ModelConfig` flags. The file has no collectives, no process groups and no
 environment reads: tensor, pipeline and data parallelism are applied from outside, keyed by the module names
 below (``wq wk wv wo``, ``w1 w2 w3``, ``layers.<i>``, ``tok_embeddings``, ``norm``, ``output``), which are
-also the names HF conversion maps. Build on the meta device and call :meth:`Transformer.init_weights`.
+also the names HF conversion maps. Build on the meta device; :meth:`Transformer.param_init` declares how each
+parameter starts and meshlm/distributed/init.py materialises it (whole, or only a rank's shard).
 
 Shape letters: B batch, T new tokens, S attended (cached + new) tokens, D model dim, H heads, Hkv kv heads,
 Dh head dim, V vocabulary.
@@ -13,6 +14,7 @@ Dh head dim, V vocabulary.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +37,6 @@ class RMSNorm(nn.Module):
         # checked in tests/test_fast_paths.py). The weight multiplies after the cast back, as in HF's Llama.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return normed.type_as(x) * self.weight
-
-    def init_weights(self) -> None:
-        nn.init.ones_(self.weight)
 
 
 # ---------------------------------------------------------------------------------------------------- RoPE
@@ -160,15 +159,6 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
-    def init_weights(self, init_std: float, out_std: float) -> None:
-        for linear in (self.wq, self.wk, self.wv):
-            nn.init.normal_(linear.weight, mean=0.0, std=init_std)
-            if linear.bias is not None:
-                nn.init.zeros_(linear.bias)
-        nn.init.normal_(self.wo.weight, mean=0.0, std=out_std)
-        for norm in (self.q_norm, self.k_norm):
-            if norm is not None:
-                norm.init_weights()
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -245,11 +235,6 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, F) inside, (B, T, D) out
 
-    def init_weights(self, init_std: float, out_std: float) -> None:
-        nn.init.normal_(self.w1.weight, mean=0.0, std=init_std)
-        nn.init.normal_(self.w3.weight, mean=0.0, std=init_std)
-        nn.init.normal_(self.w2.weight, mean=0.0, std=out_std)
-
 
 class TransformerBlock(nn.Module):
     """Pre-norm block: h = x + attn(norm(x)); out = h + ffn(norm(h))."""
@@ -266,14 +251,19 @@ class TransformerBlock(nn.Module):
         h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask=mask)  # (B, T, D)
         return h + self.feed_forward(self.ffn_norm(h))  # (B, T, D)
 
-    def init_weights(self, init_std: float, out_std: float) -> None:
-        self.attention_norm.init_weights()
-        self.ffn_norm.init_weights()
-        self.attention.init_weights(init_std, out_std)
-        self.feed_forward.init_weights(init_std, out_std)
-
 
 # ---------------------------------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ParamInit:
+    """How a parameter starts: ``normal`` (mean 0, ``std``), ``ones`` or ``zeros``. ``key`` names the parameter
+    whose random values it takes: itself, or the embedding for a tied head (so both copies of a tied matrix on
+    different pipeline stages start equal)."""
+
+    kind: str
+    std: float = 0.0
+    key: str = ""
+
+
 class Transformer(nn.Module):
     """The decoder. tok_embeddings, norm and output may be set to None by a pipeline splitter (see forward)."""
 
@@ -287,14 +277,16 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self._tie_weights()
-        # Non-persistent: derived from the config, so not in state_dict; init_weights recomputes them
+        self.tie_weights()
+        # Non-persistent: derived from the config, so not in state_dict; init_buffers recomputes them
         # after to_empty(). Under `with torch.device("meta")` they are meta tensors and cost nothing.
         cos, sin = precompute_rope(cfg, cfg.max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, Dh/2)
         self.register_buffer("rope_sin", sin, persistent=False)  # (max_seq_len, Dh/2)
 
-    def _tie_weights(self) -> None:
+    def tie_weights(self) -> None:
+        """Make output.weight the tok_embeddings.weight object (tied flavours; both present). The engine calls it
+        again after tensor parallelism, which replaces each module's parameters by its own DTensor."""
         if self.cfg.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
@@ -302,25 +294,34 @@ class Transformer(nn.Module):
         # Module._apply replaces each module's parameters by new objects when moving off the meta device
         # (to_empty), which silently unties output.weight from tok_embeddings.weight; tie them again.
         module = super()._apply(fn, recurse)
-        self._tie_weights()
+        self.tie_weights()
         return module
 
-    @torch.no_grad()
-    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
-        """Initialise every parameter in place (default torch RNG) and recompute the RoPE tables."""
+    def param_init(self, name: str) -> ParamInit:
+        """How parameter ``name`` (its state-dict name, e.g. ``layers.3.attention.wo.weight``) starts.
+
+        Normal(0, init_std) for embeddings, projections and the head; the projections into the residual stream
+        (wo, w2) use init_std / sqrt(2 · n_layers) (GPT-2's depth scaling; the global depth, also on a pipeline
+        stage); norms start at one, biases at zero. A tied head draws the embedding's values.
+        """
         cfg = self.cfg
-        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)  # global depth, even on a pipeline stage
-        self._tie_weights()
-        if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=cfg.init_std)
-        for layer in self.layers.values():
-            layer.init_weights(cfg.init_std, out_std)
-        if self.norm is not None:
-            self.norm.init_weights()
-        if self.output is not None and not (cfg.tie_embeddings and self.tok_embeddings is not None):
-            nn.init.normal_(self.output.weight, mean=0.0, std=cfg.init_std)
-        device = buffer_device if buffer_device is not None else self.rope_cos.device
-        self.rope_cos, self.rope_sin = precompute_rope(cfg, cfg.max_seq_len, device)
+        if name.endswith("norm.weight"):
+            return ParamInit("ones")
+        if name.endswith(".bias"):
+            return ParamInit("zeros")
+        if name == "output.weight" and cfg.tie_embeddings:
+            return ParamInit("normal", cfg.init_std, key="tok_embeddings.weight")
+        if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            return ParamInit("normal", cfg.init_std / math.sqrt(2 * cfg.n_layers), key=name)
+        if name == "tok_embeddings.weight" or name == "output.weight" or \
+                name.endswith(("attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
+                               "feed_forward.w1.weight", "feed_forward.w3.weight")):
+            return ParamInit("normal", cfg.init_std, key=name)
+        raise ValueError(f"no initialisation rule for parameter '{name}'")
+
+    def init_buffers(self, device: torch.device | str) -> None:
+        """Recompute the RoPE tables (after to_empty(), which leaves buffers uninitialised)."""
+        self.rope_cos, self.rope_sin = precompute_rope(self.cfg, self.cfg.max_seq_len, device)
 
     def forward(self, tokens: torch.Tensor, *, cache: list[KVCache] | None = None, start_pos: int = 0,
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,

@@ -146,6 +146,8 @@ def _rank_stages(spec: ModelSpec, tp: int, pp: int, num_stages: int, indices: tu
             root += tuple(spec.embedding_tensors())
         if s == num_stages - 1:
             root += tuple(spec.head_tensors())
+            if spec.tie_embeddings and num_stages > 1:  # a pipelined tied head: the last stage keeps its own copy
+                root += (Tensor("output.weight", (spec.vocab_size, spec.dim), 0, True),)
         out.append(StageParams(s, sizes[s], block, _group(root, tp, tp_rank, shard, shard_rank)))
     return tuple(out)
 

@@ -71,8 +71,9 @@ def validity(spec: ModelSpec, layout: Layout, training: Training) -> str:
     if layout.pp > 1:
         if spec.n_layers < layout.num_stages:
             return f"{spec.n_layers} layers < {layout.num_stages} pipeline stages"
-        if spec.tie_embeddings and spec.arch == "llama":
-            return "tied embeddings cannot be split across pipeline stages (meshlm's engine)"
+    if layout.sharding == "zero1" and layout.dp > 1 and training.accounting == "engine":
+        return ("meshlm's engine has no ZeRO-1 (optimizer state sharded, gradients and parameters replicated): "
+                "use sharding zero2 or zero3, or --accounting zero for the ZeRO paper's bytes")
     if training.global_batch % layout.dp:
         return f"global batch of {training.global_batch} sequences is not divisible by dp {layout.dp}"
     local = training.global_batch // layout.dp

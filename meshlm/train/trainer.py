@@ -23,7 +23,7 @@ from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_
 from meshlm.distributed.comm import CommCounter, comm_time_from_profile, silence_stderr
 from meshlm.distributed.engine import Engine, local_value
 from meshlm.errors import ConfigError, DataError
-from meshlm.models import build_model
+from meshlm.models import meta_model
 from meshlm.objectives import build_objective
 from meshlm.planner.measure import MemoryProbe
 from meshlm.planner.runlog import PlanLog
@@ -78,9 +78,11 @@ class Trainer:
         self.micro_batch, self.accum_steps = self._micro_batching()
         self.engine.dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, self.micro_batch * self.accum_steps)
         self.objective = build_objective(tc.objective)
-        # Every rank builds the same full model from the seed, then the engine splits and shards it: the
-        # initial weights are those of the single-device run, whatever the layout.
-        model = build_model(cfg.model, self.device, seed=tc.seed)
+        # The model is built on the meta device; the engine splits and shards it, then each rank allocates and
+        # initialises only its own shards, from the seed and each parameter's name (meshlm/distributed/init.py):
+        # every layout starts from the single-device weights, and no rank ever holds the whole model.
+        torch.manual_seed(tc.seed)  # the global RNG (anything drawn outside the init) starts the same on every rank
+        model = meta_model(cfg.model)
         stage_loss = getattr(self.objective, "loss_from_logits", None)
         if self.engine.pipelined and stage_loss is None:
             raise ConfigError(f"training.objective '{tc.objective}' does not support pipeline parallelism; "
