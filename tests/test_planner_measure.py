@@ -28,6 +28,8 @@ LAYOUTS = {
     "tp2-nosp": (2, ["parallel.tp=2", "parallel.dp_shard=1", "parallel.sequence_parallel=false"]),
     "pp2-1f1b": (2, ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=1f1b"]),
     "fsdp2xtp2": (4, ["parallel.dp_shard=2", "parallel.tp=2"]),
+    # 4 micro-steps of one sequence per rank: gradients are reduce-scattered on every micro-step
+    "fsdp2-accum": (2, ["parallel.dp_shard=2", "training.micro_batch_size=1"]),
 }
 
 
@@ -48,6 +50,8 @@ def test_predicted_memory_and_comm_match_measurement(name, debug_dataset, tmp_pa
             assert meas[key] == pred[key], (rank["rank"], key)
         assert meas["activations"] == pytest.approx(pred["activations"], rel=0.05), rank["rank"]
         assert meas["comm_bytes_per_step"] == pred["comm_bytes_per_step"], (rank["rank"], meas["comm"], pred["comm"])
+        if name.endswith("-accum"):  # between micro-steps a rank holds its gradient shard, never a whole gradient
+            assert meas["grads_between_micro_steps"] == pred["grads"] > 0, rank["rank"]
     # ... and the real run's own metrics.jsonl (rank 0) counted the same collective bytes
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["comm_bytes_per_step"] == report["predicted"]["comm_bytes_per_step"]

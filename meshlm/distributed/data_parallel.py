@@ -38,9 +38,17 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
 
 
 def set_grad_sync(parts: list[nn.Module], enabled: bool) -> None:
-    """Reduce gradients only on the last micro-step of an accumulation (FSDP/DDP no-sync)."""
+    """Gradient reduction for one micro-step of an accumulation (``enabled`` on the last one).
+
+    DDP skips its all-reduce until the last micro-step (``no_sync``): its gradients are full-size anyway, so
+    this costs no memory. FSDP2 reduce-scatters on every micro-step, as torchtitan does: skipping it would keep
+    each block's unsharded fp32 gradient alive until the last micro-step — the whole model per rank. The
+    sharded gradients accumulate in place. Under HSDP only the all-reduce across replicas waits for the last
+    micro-step (FSDP2 sums the reduce-scattered shards meanwhile), which costs one shard of memory.
+    """
     for part in parts:
         if isinstance(part, FSDPModule):
-            part.set_requires_gradient_sync(enabled)
+            part.set_requires_gradient_sync(True)
+            part.set_requires_all_reduce(enabled)  # only HSDP has an all-reduce to defer
         elif isinstance(part, DistributedDataParallel):
             part.require_backward_grad_sync = enabled

@@ -78,7 +78,10 @@ def _data_parallel(spec: ModelSpec, layout: Layout, training: Training,
             units.append((st.root.unsharded, 1))
         gathers_fwd = sum(k for _, k in units)
         fwd_bytes = sum(u * k for u, k in units)
-        if layout.pp > 1:  # gathered once per step, kept until the schedule's last backward
+        if layout.pp > 1 or layout.sharding == "zero1":
+            # pipelining: gathered once per step, kept until the schedule's last backward; ZeRO-1 (the paper's
+            # accounting only): full gradients accumulate locally, then one reduce-scatter and one all-gather of
+            # the updated parameters per step
             regather, rounds = 0, 1
         else:
             rounds = micro
@@ -91,8 +94,11 @@ def _data_parallel(spec: ModelSpec, layout: Layout, training: Training,
                                   rounds * gathers_fwd, "dp"))
             if regather:
                 out.append(Collective("all_gather", "dp_shard", pb * st.block.unsharded, rounds * regather, "dp"))
-        out.append(Collective("reduce_scatter", "dp_shard", 4.0 * fwd_bytes / gathers_fwd, gathers_fwd, "dp"))
-        if layout.dp_replicate > 1:  # HSDP: the shards' gradients are all-reduced over the replicas
+        # reduce-scattered on every accumulation micro-step (meshlm.distributed.data_parallel.set_grad_sync);
+        # under pipelining once, after the schedule's last backward
+        out.append(Collective("reduce_scatter", "dp_shard", 4.0 * fwd_bytes / gathers_fwd, rounds * gathers_fwd,
+                              "dp"))
+        if layout.dp_replicate > 1:  # HSDP: the summed shards are all-reduced over the replicas once per step
             out.append(Collective("all_reduce", "dp_replicate", 4.0 * st.total.local / gathers_fwd, gathers_fwd,
                                   "dp"))
         if layout.tp > 1 and layout.sequence_parallel:  # norm weights' partial gradients, made whole for FSDP

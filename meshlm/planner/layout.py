@@ -88,7 +88,8 @@ class Layout:
         """A name for the kind of layout, for explanations ("FSDP+TP", "pure DP", ...)."""
         parts = []
         if self.dp_shard > 1:
-            parts.append("HSDP" if self.dp_replicate > 1 else ("FSDP" if self.sharding == "zero3" else "ZeRO-2"))
+            zero = {"zero3": "FSDP", "zero2": "ZeRO-2", "zero1": "ZeRO-1"}.get(self.sharding, "FSDP")
+            parts.append("HSDP" if self.dp_replicate > 1 else zero)
         elif self.dp_replicate > 1:
             parts.append("DP")
         if self.tp > 1:

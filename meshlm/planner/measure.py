@@ -60,9 +60,8 @@ def optimizer_bytes(optimizers: Iterable[torch.optim.Optimizer]) -> int:
                if isinstance(v, torch.Tensor))
 
 
-def _gathered_params(parts: Iterable[nn.Module]) -> list[torch.Tensor]:
-    """FSDP2's unsharded parameters (their storage is resized to 0 between uses). Private API: skipped if it
-    moved, which only makes ``buffers`` smaller."""
+def _fsdp_params(parts: Iterable[nn.Module]) -> list[Any]:
+    """FSDP2's per-parameter state objects (private API: none if it moved)."""
     out = []
     for part in parts:
         for module in part.modules():
@@ -71,14 +70,35 @@ def _gathered_params(parts: Iterable[nn.Module]) -> list[torch.Tensor]:
                 continue
             try:
                 groups = getattr(get_state(), "_fsdp_param_groups", None) or []
-                params = [p for group in groups for p in group.fsdp_params]
+                out += [p for group in groups for p in group.fsdp_params]
             except (AttributeError, RuntimeError):
                 continue
-            for fsdp_param in params:
-                unsharded = getattr(fsdp_param, "_unsharded_param", None)
-                if unsharded is not None:
-                    out.append(local(unsharded))
     return out
+
+
+def _gathered_params(parts: Iterable[nn.Module]) -> list[torch.Tensor]:
+    """FSDP2's unsharded parameters (their storage is resized to 0 between uses). Private API: skipped if it
+    moved, which only makes ``buffers`` smaller."""
+    params = [getattr(p, "_unsharded_param", None) for p in _fsdp_params(parts)]
+    return [local(u) for u in params if u is not None]
+
+
+def held_grad_bytes(parts: Iterable[nn.Module]) -> int:
+    """Gradient bytes this rank holds: the parameters' gradients or, under FSDP2, each parameter's sharded
+    gradient plus any unsharded one FSDP2 keeps for a reduction it was told to defer. (FSDP2's state objects,
+    not ``parameters()``: while a group is gathered its modules show the unsharded parameters.)"""
+    parts = list(parts)
+    fsdp_params = _fsdp_params(parts)
+    if not fsdp_params:
+        return grad_bytes(parts)
+    total = 0
+    for fsdp_param in fsdp_params:
+        unsharded = getattr(fsdp_param, "_unsharded_param", None)
+        for g in (getattr(getattr(fsdp_param, "sharded_param", None), "grad", None),
+                  getattr(unsharded, "grad", None), getattr(fsdp_param, "unsharded_accumulated_grad", None)):
+            if g is not None:
+                total += tensor_bytes(g)
+    return total
 
 
 class MemoryMeter(TorchDispatchMode):
@@ -165,8 +185,11 @@ class MemoryProbe:
         self.meter: MemoryMeter | None = None
         self.result: dict[str, Any] = {}
         self._grads: int | None = None
+        self._grads_between = 0  # gradient bytes held when a micro-step's forward starts (accumulation)
         for opt in trainer.optimizers:
             opt.register_step_pre_hook(self._before_optimizer)
+        for part in trainer.model_parts:
+            part.register_forward_pre_hook(self._before_forward)
 
     @classmethod
     def from_env(cls, trainer) -> MemoryProbe | None:
@@ -177,6 +200,10 @@ class MemoryProbe:
         """The step to measure: the second (as communication is), or the third under DDP, which rebuilds its
         gradient buckets (allocating them, and broadcasting their order) once, in the second step's forward."""
         return 3 if self.trainer.engine.describe_data_parallel().startswith("DDP") else 2
+
+    def _before_forward(self, module, args) -> None:
+        if self.meter is not None and self.meter.forward_open:
+            self._grads_between = max(self._grads_between, held_grad_bytes(self.trainer.model_parts))
 
     def _before_optimizer(self, optimizer, args, kwargs) -> None:
         # Each model part has its own optimizer, and the trainer zeroes a part's gradients right after its
@@ -196,6 +223,7 @@ class MemoryProbe:
         parts, opts = self.trainer.model_parts, self.trainer.optimizers
         self.result = {
             "params": param_bytes(parts), "grads": self._grads or 0, "optimizer": optimizer_bytes(opts),
+            "grads_between_micro_steps": self._grads_between,
             "activations": meter.peak_activations,
             "activations_first_backward": meter.first_backward_activations or 0,
             "total": meter.peak_total,

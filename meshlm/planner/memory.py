@@ -199,6 +199,11 @@ def memory(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int | N
     return mem
 
 
+def _accumulates(layout: Layout, training: Training) -> bool:
+    """More than one forward/backward per optimizer step on a rank (gradient accumulation)."""
+    return act.micro_batch(layout, training) < training.global_batch // max(layout.dp, 1)
+
+
 def buffer_bytes(spec: ModelSpec, layout: Layout, training: Training, stages: list[StageParams],
                  held: Group) -> dict[str, float]:
     cb = training.compute_bytes
@@ -213,6 +218,15 @@ def buffer_bytes(spec: ModelSpec, layout: Layout, training: Training, stages: li
             gathered = root + 2 * unit
         out["buffer:fsdp_gathered_params"] = pb * gathered
         out["buffer:fsdp_reduce_scatter"] = 4.0 * max(unit, root)
+        if layout.pp > 1:
+            # torch's pipeline stages defer FSDP's reduce-scatter to the schedule's end: each stage's unsharded
+            # fp32 gradients accumulate over the micro-batches (without pipelining meshlm reduce-scatters every
+            # accumulation micro-step, and only the shards above accumulate)
+            out["buffer:fsdp_unsharded_grads"] = 4.0 * held.unsharded
+        elif layout.dp_replicate > 1 and _accumulates(layout, training):
+            # HSDP defers the all-reduce over replicas to the last micro-step: FSDP2 sums the reduce-scattered
+            # shards in a buffer of their own until then
+            out["buffer:hsdp_partial_grads"] = 4.0 * held.local
     elif layout.uses_ddp:
         out["buffer:ddp_buckets"] = 4.0 * held.local
     if training.precision != "fp32" and not layout.uses_fsdp:
