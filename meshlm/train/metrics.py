@@ -45,6 +45,7 @@ class IntervalMemory:
         self.device = device
         if device.type == "cuda":
             self.kind = "interval_peak_allocated"
+            torch.cuda.reset_peak_memory_stats(device)  # the first interval starts here, after set-up
         elif self._reset_rss():
             self.kind = "interval_peak_rss"
         else:
