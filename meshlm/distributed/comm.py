@@ -11,9 +11,9 @@ grad-norm and each optimizer op), the gradient-norm reduction — would run whil
 is inactive inside its own handler). So the counter declines ops on DTensors (returns NotImplemented): DTensor
 then runs its dispatch with the mode still on the stack, and every collective it issues on plain tensors reaches
 the counter, exactly once. They are kept apart (``comm_dtensor*``; a collective is DTensor's when DTensor's op
-dispatcher or a loss-parallel handler is on the Python stack): ``comm_bytes_per_step`` stays what the engine's own plan issues — FSDP, DDP,
-the TP/SP layout changes, pipeline send/recv, the trainer's reductions — which the planner predicts byte for
-byte; the sum of both is everything that went over the wire.
+dispatcher or a loss-parallel handler is on the Python stack): ``comm_bytes_per_step`` stays what the engine's
+own plan issues — FSDP, DDP, the TP/SP layout changes, pipeline send/recv, the trainer's reductions — which the
+planner predicts byte for byte; the sum of both is everything that went over the wire.
 
 Bytes are the *payload*: the full (unsharded) buffer of an all-gather or reduce-scatter, the tensor of an
 all-reduce / broadcast / send / recv. Bytes on the wire follow from it by the ring factors (all-reduce
