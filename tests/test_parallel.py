@@ -213,7 +213,7 @@ def test_dead_rank_without_restarts_is_reported(debug_dataset, tmp_path):
     assert proc.returncode != 0
     report = proc.stderr.strip().splitlines()[-1]  # "training failed ...: rank 0 (pid N) was killed by ...; ..."
     failures = dict(re.findall(r"rank (\d+) \(pid \d+\) ([^;]+)", report))
-    assert failures.get("1", "").startswith("exited with code 1"), report
+    assert failures.get("1", "").startswith("exited with code"), report  # its own error, not the agent's signal
     assert failures.get("0", "was killed").startswith("was killed"), report  # stopped by the agent, if listed
     assert "Traceback" not in report
 
