@@ -11,11 +11,16 @@ Layout of ``RUN_DIR/checkpoints/step-00000100/``::
     manifest.json        size and sha256 of every file above; written last
 
 Everything is written into ``step-XXXXXXXX.tmp/`` and renamed into place only after the manifest is complete, so a
-crash at any moment leaves either a complete, verifiable checkpoint or a ``.tmp`` folder that is ignored.
+crash at any moment leaves either a complete, verifiable checkpoint or a ``.tmp`` folder that is ignored. Each file
+is hashed once, by the rank that wrote it, right after writing it; rank 0 gathers the hashes into the manifest.
+Replacing a folder of the same step renames the old one aside (``step-XXXXXXXX.old``) before the new one moves in
+and deletes it only afterwards; an aside left by a crash counts as that step's checkpoint until replaced.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
@@ -45,7 +50,7 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 FORMAT = "meshlm-checkpoint"
 FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
+_STEP_DIR = re.compile(r"^step-(\d{8})(\.old)?$")  # .old: a replaced step set aside
 
 
 def step_dir_name(step: int) -> str:
@@ -78,17 +83,25 @@ def verify_checkpoint(path: Path) -> str | None:
             return f"{rel} is missing"
         if file.stat().st_size != meta["bytes"]:
             return f"{rel} has {file.stat().st_size} bytes, manifest says {meta['bytes']} (truncated?)"
-        if sha256_file(file) != meta["sha256"]:
+        try:
+            digest = sha256_file(file)
+        except OSError as exc:  # a read error (perhaps transient): not usable now, try the previous one
+            return f"{rel} cannot be read ({exc})"
+        if digest != meta["sha256"]:
             return f"{rel} fails its sha256 check (corrupted)"
     return None
 
 
 def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
-    """Finished checkpoint folders (valid or not), oldest first."""
+    """Finished checkpoint folders (valid or not), oldest first. A ``step-X.old`` folder (set aside by a save of
+    the same step that crashed before moving its replacement in) stands for step X when ``step-X`` is absent."""
     if not ckpt_root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in ckpt_root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return sorted(found)
+    found: dict[int, Path] = {}
+    matches = [(m, p) for p in ckpt_root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    for m, p in sorted(matches, key=lambda mp: mp[0].group(2) is not None):  # finals before asides
+        found.setdefault(int(m.group(1)), p)
+    return sorted(found.items())
 
 
 def find_latest_valid(ckpt_root: Path, warn: Callable[[str], None] = print) -> Path | None:
@@ -99,6 +112,24 @@ def find_latest_valid(ckpt_root: Path, warn: Callable[[str], None] = print) -> P
             return path
         warn(f"checkpoint {path} is not usable: {reason}; falling back to the previous one")
     return None
+
+
+def choose_resume_checkpoint(ckpt_root: Path, say: Callable[[str], None] = print) -> Path | None:
+    """The checkpoint every rank resumes from: rank 0 alone verifies (hashing the files once) and broadcasts its
+    choice, so no rank can pick another step after a read error of its own. Collective when distributed;
+    ``say`` reports skipped checkpoints and the choice (call it on rank 0)."""
+    choice: str | None = None
+    if not _is_dist() or dist.get_rank() == 0:
+        found = find_latest_valid(ckpt_root, warn=say)
+        if found is not None:
+            count = len(json.loads((found / "manifest.json").read_text())["files"])
+            say(f"checkpoint {found} verified by rank 0 ({count} files, sha256); every rank resumes from it")
+            choice = str(found)
+    if _is_dist():
+        box = [choice]
+        dist.broadcast_object_list(box, src=0)
+        choice = box[0]
+    return Path(choice) if choice is not None else None
 
 
 def read_train_state(path: Path) -> dict[str, Any]:
@@ -135,35 +166,44 @@ class CheckpointManager:
         writer = None if planner is None else dcp.FileSystemWriter(str(tmp / "dcp"), single_file_per_rank=False)
         dcp.save(tensors, checkpoint_id=str(tmp / "dcp"), no_dist=not _is_dist(), planner=planner,
                  storage_writer=writer)
-        torch.save(_rng_state(), tmp / "rng" / f"rank-{self.rank:05d}.pt")
-        _barrier()
+        hashes = _own_dcp_hashes(tmp, self.rank)
+        rng = io.BytesIO()
+        torch.save(_rng_state(), rng)
+        hashes[f"rng/rank-{self.rank:05d}.pt"] = _write_hashed(tmp / "rng" / f"rank-{self.rank:05d}.pt",
+                                                               rng.getvalue())
+        every_rank = _gather_to_rank0(hashes)  # also the barrier: every rank's files are written
         if self.rank == 0:
-            atomic_write_text(tmp / "train_state.json", json.dumps({**train_state, "step": step}, indent=1))
-            atomic_write_text(tmp / "config.toml", config_toml)
+            files = {k: v for per_rank in every_rank for k, v in per_rank.items()}
+            files["train_state.json"] = _write_hashed(tmp / "train_state.json",
+                                                      json.dumps({**train_state, "step": step}, indent=1).encode())
+            files["config.toml"] = _write_hashed(tmp / "config.toml", config_toml.encode())
             for name, src in (extra_files or {}).items():
-                shutil.copyfile(src, tmp / name)
-            self._write_manifest(tmp, step)
-            if final.exists():  # an older save of the same step (e.g. a re-run): replace it whole
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+                files[name] = _write_hashed(tmp / name, Path(src).read_bytes())
+            self._write_manifest(tmp, step, files)
+            _put_in_place(tmp, final)
             self._prune()
         _barrier()
         return final
 
-    def _write_manifest(self, folder: Path, step: int) -> None:
+    def _write_manifest(self, folder: Path, step: int, hashed: dict[str, dict[str, Any]]) -> None:
+        """``hashed``: what the writers hashed; a file nobody reported (DCP's ``.metadata``, written by the
+        coordinator rank) is hashed here."""
         files = {}
         for file in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = file.relative_to(folder).as_posix()
-            files[rel] = {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
+            files[rel] = hashed.get(rel) or {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
         manifest = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "files": files}
         atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=1))
 
     def _prune(self) -> None:
+        """Runs after the new checkpoint is in place: keeps the newest ``keep_last``, removes leftovers."""
         done = list_checkpoints(self.root)
         for _, path in done[: max(len(done) - self.keep_last, 0)]:
             shutil.rmtree(path, ignore_errors=True)
-        for stale in self.root.glob("step-*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
+        kept = {p for _, p in list_checkpoints(self.root)}
+        for stale in [*self.root.glob("step-*.tmp"), *self.root.glob("step-*.old")]:
+            if stale not in kept:  # an aside whose replacement is in place
+                shutil.rmtree(stale, ignore_errors=True)
 
     def load(self, path: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         """Restore model parts, optimizers and RNG in place from ``path``; return its train state."""
@@ -205,6 +245,58 @@ def load_weights(path: Path, parts: list[nn.Module], optimizers: list[torch.opti
         set_model_state_dict(part, states.model_parts[i])
         if states.optim_parts is not None:
             set_optimizer_state_dict(part, optimizers[i], states.optim_parts[i], options=_OPTIM_OPTIONS)
+
+
+def _put_in_place(tmp: Path, final: Path) -> None:
+    """Move a finished ``tmp`` folder to ``final``. An existing ``final`` (a re-run of the same step) is renamed
+    aside first and deleted only once the new one is in place: at every moment one complete copy of the step
+    exists under a name :func:`list_checkpoints` finds."""
+    aside = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the renames in ``folder`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_hashed(path: Path, data: bytes) -> dict[str, Any]:
+    """Write ``data`` (fsynced) and return its manifest entry, hashed from the bytes in memory."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _own_dcp_hashes(folder: Path, rank: int) -> dict[str, dict[str, Any]]:
+    """Manifest entries of the DCP shards this rank just wrote (DCP's file system writer names them
+    ``__<rank>_<n>.distcp``), read back once while they are still in the page cache."""
+    out = {}
+    for file in sorted((folder / "dcp").glob(f"__{rank}_*")):
+        out[f"dcp/{file.name}"] = {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
+    return out
+
+
+def _gather_to_rank0(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` on rank 0 (a list by rank; other ranks get [])."""
+    if not _is_dist():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(obj, out if dist.get_rank() == 0 else None, dst=0)
+    return out
 
 
 def _first_line(exc: Exception) -> str:

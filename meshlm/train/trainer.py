@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from meshlm.checkpoint.load import resolve_checkpoint
-from meshlm.checkpoint.manager import CheckpointManager, find_latest_valid, load_weights
+from meshlm.checkpoint.manager import CheckpointManager, choose_resume_checkpoint, load_weights
 from meshlm.config.loader import config_to_toml
 from meshlm.config.schema import DataConfig, JobConfig
 from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_embedded_dataset
 from meshlm.distributed.comm import CommCounter, comm_time_from_profile, silence_stderr
 from meshlm.distributed.engine import Engine, local_value
+from meshlm.distributed.rank0 import checked_on_rank0
 from meshlm.errors import ConfigError, DataError
 from meshlm.models import meta_model
 from meshlm.objectives import build_objective
@@ -43,13 +44,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def open_training_data(cfg: DataConfig, vocab_size: int) -> TokenDataset:
-    """The prepared dataset at ``data.path``, or the embedded corpus prepared on first use."""
+def open_training_data(cfg: DataConfig, vocab_size: int, verify: bool = True) -> TokenDataset:
+    """The prepared dataset at ``data.path``, or the embedded corpus prepared on first use; ``verify=False``
+    checks shard sizes only (the checksums are verified once, by rank 0: see Trainer.__init__)."""
     if cfg.path:
-        dataset = TokenDataset(cfg.path)
+        dataset = TokenDataset(cfg.path, verify=verify)
     else:
         cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-        dataset = TokenDataset(ensure_embedded_dataset(cache, vocab_size, num_workers=cfg.num_workers))
+        dataset = TokenDataset(ensure_embedded_dataset(cache, vocab_size, num_workers=cfg.num_workers), verify=verify)
     if dataset.vocab_size > vocab_size:
         raise ConfigError(f"the tokenizer of {cfg.path or 'the embedded corpus'} has {dataset.vocab_size} tokens but "
                           f"model.vocab_size is {vocab_size}; raise model.vocab_size to at least "
@@ -74,7 +76,8 @@ class Trainer:
         tc = cfg.training
         self.engine = Engine(cfg.parallel, self.device)
         self.rank = self.engine.rank
-        self.dataset = open_training_data(cfg.data, cfg.model.vocab_size)
+        self.dataset = checked_on_rank0(lambda: open_training_data(cfg.data, cfg.model.vocab_size),  # sha256
+                                        lambda: open_training_data(cfg.data, cfg.model.vocab_size, verify=False))
         self.micro_batch, self.accum_steps = self._micro_batching()
         self.engine.dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, self.micro_batch * self.accum_steps)
         self.objective = build_objective(tc.objective)
@@ -147,7 +150,7 @@ class Trainer:
         self._say(f"initialised weights from {path}")
 
     def _resume(self) -> bool:
-        path = find_latest_valid(self.checkpoints.root, warn=self._say)
+        path = choose_resume_checkpoint(self.checkpoints.root, say=self._say)  # rank 0 decides for all
         if path is None:
             self._say(f"no checkpoint in {self.checkpoints.root}; starting from step 0")
             return False
