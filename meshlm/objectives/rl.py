@@ -30,7 +30,6 @@ import torch.distributed as dist
 from torch import nn
 
 from meshlm.config.posttrain import ObjectiveConfig
-from meshlm.data.posttrain import PromptLoader, pad_id_for
 from meshlm.errors import ConfigError
 from meshlm.generate.rollout import Rollout, SamplingConfig, rollout, unwrap
 from meshlm.models.llama import ParamInit
@@ -101,10 +100,13 @@ class RLObjective:
         self.buffer: dict[str, torch.Tensor] | None = None
         self.position = 0  # minibatches served from the buffer
         self.num_rollouts = 0
-        self.loader: PromptLoader | None = None
+        self.loader = None  # a PromptLoader over rollout-sized batches, built in setup
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self, ctx: ObjectiveContext) -> None:
+        # Imported here: meshlm.data.posttrain imports objectives.base, whose package imports this module.
+        from meshlm.data.posttrain import PromptLoader, pad_id_for
+
         job, self.engine, self.device = ctx.cfg, ctx.engine, ctx.device
         tc, oc = job.training, self.cfg
         if len(ctx.model_parts) != 1 or ctx.engine.dims.tp > 1:
