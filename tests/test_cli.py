@@ -106,3 +106,32 @@ def test_config_keys_and_show():
     assert {"training.steps", "training.seed", "checkpoint.interval", "metrics.interval"} <= {k["key"] for k in keys}
     shown = meshlm("config", "show", "configs/debug.toml", "--set", "training.steps=7").stdout
     assert "[training]" in shown and "steps = 7" in shown
+
+
+def test_every_json_command_prints_json_alone(debug_dataset, tmp_path):
+    """`--json` means the JSON document alone on stdout, logs on stderr — for every command with the flag,
+    including those whose ranks run in child processes (train --nproc, diagnose parity). The whole stdout is
+    parsed; `generate` prints one JSON object per line (per sample)."""
+    run, hf = tmp_path / "run", tmp_path / "hf"
+    tiny = ["configs/debug.toml", "--set", "training.steps=2", *COMMON]
+
+    def document(*args: str):
+        out = meshlm(*args, "--json")
+        return json.loads(out.stdout)
+
+    summary = document("train", *tiny, "--nproc", "2", "--run-dir", str(run))
+    assert summary["step"] == 2 and summary["run_dir"] == str(run)
+    assert document("train", *tiny, "--run-dir", str(tmp_path / "single"))["step"] == 2
+    assert document("inspect", str(run))["step"] == 2
+    lines = meshlm("generate", "--checkpoint", str(run), "--prompt-ids", "1,2", "--max-new-tokens", "3",
+                   "--num-samples", "2", "--json").stdout.splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["ids"][:2] == [1, 2] for line in lines)
+    assert document("convert", "to-hf", str(run), str(hf))
+    assert document("convert", "from-hf", str(hf), str(tmp_path / "back"))
+    assert {"training", "model"} <= set(document("config", "show", *tiny))
+    assert document("config", "keys")
+    assert document("bench", "train", "--batch", "1", "--seq", "16", "--steps", "1", "--warmup", "0")["tokens_per_s"]
+    assert document("plan", "--model", "debug", "--gpus", "2", "--gpu", "cpu", "--seq", "64",
+                    "--global-batch-seqs", "8")["recommended"]["feasible"]
+    assert {"predicted", "measured"} <= set(document("diagnose", "memory", *tiny, "--work-dir", str(tmp_path / "m")))
+    assert document("diagnose", "parity", *tiny, "--nproc", "2", "--steps", "2")["steps"]

@@ -38,7 +38,7 @@ def test_predicted_memory_and_comm_match_measurement(name, debug_dataset, tmp_pa
     nproc, overrides = LAYOUTS[name]
     out = meshlm("diagnose", "memory", CFG, "--nproc", str(nproc), *sets(*overrides), "--json",
                  "--work-dir", str(tmp_path))
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = json.loads(out.stdout)  # --json: the document alone on stdout
     assert {"predicted", "measured"} <= set(report)
     for side in ("predicted", "measured"):
         assert set(report[side]) >= {"params", "grads", "optimizer", "activations", "buffers", "total",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from meshlm.cli.jsonout import emit
 
 
 def register(sub, add_config_args) -> None:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     r = bench_train(args.flavor, args.batch, args.seq, args.steps, warmup=args.warmup, compile=args.compile,
                     precision=args.precision, device=args.device, compare_hf=args.compare_hf)
     if args.json:
-        print(json.dumps(r))
+        emit(r)
         return 0
     print(f"{r['flavor']} ({r['params'] / 1e6:.2f}M params) batch {r['batch']} x seq {r['seq']}, {r['precision']}, "
           f"{'compiled' if r['compile'] else 'eager'}, {r['device']} ({r['num_threads']} threads)")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from meshlm.cli.jsonout import emit
 
 
 def register(sub, add_config_args) -> None:
@@ -24,7 +25,7 @@ def run_show(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     if args.json:
-        print(json.dumps({name: to_dict(getattr(cfg, name)) for name in cfg.__dataclass_fields__}, indent=1))
+        emit({name: to_dict(getattr(cfg, name)) for name in cfg.__dataclass_fields__}, indent=1)
     else:
         print(config_to_toml(cfg), end="")
     return 0
@@ -36,7 +37,7 @@ def run_keys(args: argparse.Namespace) -> int:
 
     rows = [row for name, cls in SECTIONS.items() for row in describe(cls, name)]
     if args.json:
-        print(json.dumps([{"key": k, "type": t, "default": d, "doc": doc} for k, t, d, doc in rows], indent=1))
+        emit([{"key": k, "type": t, "default": d, "doc": doc} for k, t, d, doc in rows], indent=1)
         return 0
     from rich.console import Console
     from rich.table import Table

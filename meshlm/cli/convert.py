@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from meshlm.cli.jsonout import emit
 
 
 def register(sub, add_config_args) -> None:
@@ -35,7 +36,7 @@ def run_from_hf(args: argparse.Namespace) -> int:
 
     result = convert_from_hf(args.hf_dir, args.out, overwrite=args.overwrite)
     if args.json:
-        print(json.dumps(result, indent=1))
+        emit(result, indent=1)
         return 0
     for note in result["notes"]:
         print(f"note: {note}")
@@ -51,7 +52,7 @@ def run_to_hf(args: argparse.Namespace) -> int:
     result = convert_to_hf(args.checkpoint, args.out_dir, max_shard_bytes=parse_size(args.max_shard_size),
                            overwrite=args.overwrite, dtype=args.dtype)
     if args.json:
-        print(json.dumps(result, indent=1))
+        emit(result, indent=1)
         return 0
     print(f"wrote {result['architecture']} ({result['num_params']:,} parameters, "
           f"{len([f for f in result['weight_files'] if f.endswith('.safetensors')])} weight file(s)) "

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
+
+from meshlm.cli.jsonout import emit
 
 
 def register(sub, add_config_args) -> None:
@@ -55,7 +56,7 @@ def run_parity(args: argparse.Namespace) -> int:
         report.loss_rtol = args.loss_rtol if args.loss_rtol is not None else report.loss_rtol
         report.grad_norm_rtol = args.grad_norm_rtol if args.grad_norm_rtol is not None else report.grad_norm_rtol
     if args.json:
-        print(json.dumps(report.to_json()))
+        emit(report.to_json())
     else:
         print(f"parity of {report.layout} ({args.nproc} ranks) against a single device, {args.steps} steps")
         print(f"{'step':>5} {'ref loss':>10} {'loss':>10} {'rel diff':>9} {'ref gnorm':>10} {'gnorm':>10} "

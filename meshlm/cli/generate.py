@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError
 
 
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
                        device=args.device, vocab_limit=tokenizer.vocab_size)
         ids = prompt + new
         if args.json:
-            print(json.dumps({"ids": ids, "text": tokenizer.decode(ids), "prompt_ids": prompt,
-                              "generated_ids": new, "completion": tokenizer.decode(new), "eos_ids": eos_ids}))
+            emit({"ids": ids, "text": tokenizer.decode(ids), "prompt_ids": prompt, "generated_ids": new,
+                  "completion": tokenizer.decode(new), "eos_ids": eos_ids})  # one JSON line per sample
         else:
             print(tokenizer.decode(ids, skip_special_tokens=True))
     return 0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from meshlm.cli.jsonout import emit
 
 
 def register(sub, add_config_args) -> None:
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         "config": {name: to_dict(getattr(cfg, name)) for name in cfg.__dataclass_fields__},
     }
     if args.json:
-        print(json.dumps(info, indent=1))
+        emit(info, indent=1)
     else:
         print(f"checkpoint     {info['checkpoint']} (verified)")
         print(f"step           {info['step']}  ({info['tokens_seen']:,} tokens seen)")

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from meshlm.cli.jsonout import json_stdout
 from meshlm.errors import UserError
 
 
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
 
         handler = record(handler)
     try:
-        code = handler(args) or 0
+        with json_stdout(bool(getattr(args, "json", False))):  # --json: logs to stderr, the document to stdout
+            code = handler(args) or 0
     except UserError as exc:
         from meshlm.distributed.launch import rank_prefix
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError
 
 FIX_KEYS = {"dp_replicate": int, "dp_shard": int, "tp": int, "pp": int, "pp_schedule": str, "microbatches": int,
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         extra["chart"] = str(memory_chart(plan, Path(args.chart)))
         lines.append(f"wrote {extra['chart']}")
     if args.json:
-        print(json.dumps(plan_json(plan, extra)))
+        emit(plan_json(plan, extra))
     else:
         from rich.console import Console
 

@@ -7,8 +7,12 @@ import json
 import time
 from pathlib import Path
 
+from meshlm.cli.jsonout import emit
 from meshlm.config.loader import config_to_toml, load_config
 from meshlm.errors import ConfigError
+from meshlm.fileio import atomic_write_text
+
+SUMMARY = "summary.json"  # with --json --nproc N: rank 0's end-of-run summary, for the launching process
 
 
 def register(sub, add_config_args) -> None:
@@ -60,6 +64,8 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     if args.json:
         worker.append("--json")
     launch_local(args.nproc, args.max_restarts, worker, cfg.parallel.timeout_s)  # rank 0 reports the run
+    if args.json:  # the ranks' stdout is this process's stderr: rank 0 left the summary in the run directory
+        emit(json.loads((run_dir / SUMMARY).read_text()))
     return 0
 
 
@@ -100,8 +106,10 @@ def _train(args: argparse.Namespace, cfg) -> int:
         return 0
     plot = plot_loss(run_dir)
     summary.update(run_dir=str(run_dir), loss_plot=str(plot))
-    if args.json:
-        print(json.dumps(summary))
+    if args.json and in_worker():
+        atomic_write_text(run_dir / SUMMARY, json.dumps(summary))  # the launching process prints it
+    elif args.json:
+        emit(summary)
     else:
         print(f"run directory: {run_dir}  (metrics.jsonl, checkpoints/, {plot.relative_to(run_dir)})")
     return 0

@@ -4,12 +4,12 @@ config, beside what one training step of it measures (meshlm/planner/measure.py)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from meshlm.cli.jsonout import emit
 from meshlm.planner.memory import GIB, KEYS
 
 MEASURE_OVERRIDES = ["training.steps=3", "checkpoint.enabled=false", "training.eval_interval=0",
@@ -92,7 +92,7 @@ def run_memory(args: argparse.Namespace) -> int:
             raise ConfigError(f"no memory measurement came back from the run in {work}")
         report = compare(args.config, args.overrides, args.nproc, records)
     if args.json:
-        print(json.dumps(report))
+        emit(report)
         return 0
     print(f"memory of {report['layout']} ({args.nproc} rank(s)): predicted vs measured, MiB per rank")
     print(f"{'rank':>4} {'':12}" + "".join(f"{k:>14}" for k in (*ROWS, "comm bytes")))
