@@ -382,3 +382,38 @@ def test_parse_size():
 
     assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30
     assert parse_size("600KB") == 600_000 and parse_size("1234") == 1234
+
+
+def _hf_config(arch: str, **extra) -> dict:
+    return {"architectures": [arch], "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "intermediate_size": 128, "vocab_size": 320, "max_position_embeddings": 128, **extra}
+
+
+@pytest.mark.parametrize("arch, extra, expected", [
+    ("MistralForCausalLM", {"sliding_window": None}, (0, 0)),
+    ("MistralForCausalLM", {"sliding_window": 32}, (32, 0)),
+    ("Qwen2ForCausalLM", {"sliding_window": 32, "max_window_layers": 1}, (0, 0)),  # use_sliding_window false
+    ("Qwen3ForCausalLM", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 2}, (32, 2)),
+    ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 32,
+                          "layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}, (32, 1)),
+    ("LlamaForCausalLM", {"sliding_window": 32}, (0, 0)),  # Llama has no window; transformers ignores the key
+])
+def test_window_fields_follow_transformers(arch, extra, expected):
+    from meshlm.interop.hf_config import hf_config_from_model, model_config_from_hf
+
+    cfg, _ = model_config_from_hf(_hf_config(arch, **extra), Path("config.json"))
+    assert (cfg.sliding_window, cfg.full_attention_layers) == expected
+    again, _ = model_config_from_hf(hf_config_from_model(cfg, None, [1], None), Path("config.json"))
+    assert (again.sliding_window, again.full_attention_layers) == expected  # written back, read again
+
+
+def test_window_patterns_meshlm_cannot_run_are_refused():
+    from meshlm.interop.hf_config import hf_config_from_model, model_config_from_hf
+
+    odd = _hf_config("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=32,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    with pytest.raises(CheckpointError, match=r"sliding-window attention on layers \[0, 2\]"):
+        model_config_from_hf(odd, Path("config.json"))
+    cfg, _ = model_config_from_hf(_hf_config("MistralForCausalLM", sliding_window=32), Path("config.json"))
+    with pytest.raises(CheckpointError, match="full_attention_layers > 0"):
+        hf_config_from_model(dataclasses.replace(cfg, full_attention_layers=1), None, [1], None)
