@@ -34,7 +34,7 @@ def main() -> None:
             times[kind].append(time.perf_counter() - start)
     for kind, t in times.items():
         print(f"{kind}: median {1e3 * statistics.median(t[2:]):.1f} ms per step ({torch.get_num_threads()} threads)")
-    diff = max(float((a - b).abs().max()) for a, b in zip(params["foreach"], params["fused"]))
+    diff = max(float((a - b).detach().abs().max()) for a, b in zip(params["foreach"], params["fused"]))
     print(f"foreach / fused = {statistics.median(times['foreach'][2:]) / statistics.median(times['fused'][2:]):.2f}x; "
           f"max |weight difference| after {steps} steps: {diff:.2e}")
 
