@@ -46,13 +46,12 @@ def weights_sha256(model: nn.Module) -> str:
 
 def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, JobConfig,
                                                                                            dict[str, Any], Path]:
-    """(model in eval mode, the job config it was trained with, its train state, the checkpoint folder)."""
-    from meshlm.checkpoint.manager import load_weights
-    from meshlm.models import build_model
+    """(model in eval mode, the job config it was trained with, its train state, the checkpoint folder). A LoRA
+    checkpoint comes back with its base (``checkpoint.init_from`` of its config) and its adapters, unmerged."""
+    from meshlm.train.model_setup import rebuild_on_device
 
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt / "config.toml")
-    model = build_model(cfg.model, torch.device(device))
-    load_weights(ckpt, [model])
-    model.eval()
+    # Post-training checkpoints rebuild what their objective and LoRA changed (a score head; base + adapters).
+    model = rebuild_on_device(ckpt, cfg, torch.device(device))
     return model, cfg, read_train_state(ckpt), ckpt

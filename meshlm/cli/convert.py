@@ -27,6 +27,8 @@ def register(sub, add_config_args) -> None:
     dst.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                      help="dtype of the written weights (config.json's torch_dtype says the same)")
     dst.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    dst.add_argument("--adapter-only", action="store_true", help="a LoRA checkpoint: write only the PEFT adapter "
+                     "(adapter_config.json, adapter_model.safetensors) instead of the merged model")
     dst.add_argument("--json", action="store_true", help="print the result as JSON")
     dst.set_defaults(handler=run_to_hf)
 
@@ -50,7 +52,7 @@ def run_to_hf(args: argparse.Namespace) -> int:
     from meshlm.interop.hf_files import parse_size
 
     result = convert_to_hf(args.checkpoint, args.out_dir, max_shard_bytes=parse_size(args.max_shard_size),
-                           overwrite=args.overwrite, dtype=args.dtype)
+                           overwrite=args.overwrite, dtype=args.dtype, adapter_only=args.adapter_only)
     if args.json:
         emit(result, indent=1)
         return 0

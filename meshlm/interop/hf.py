@@ -28,6 +28,7 @@ from meshlm.interop.hf_files import (
     write_safetensors,
 )
 from meshlm.interop.hf_tokenizer import hf_tokenizer_config, load_hf_tokenizer, read_meta, tokenizer_meta
+from meshlm.models.lora import merge_lora
 from meshlm.models.config import ModelConfig
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # "5GB", transformers' default
@@ -177,10 +178,11 @@ def _save_run_dir(run_dir: Path, cfg: ModelConfig, planner: SavePlanner, source:
 
 # ------------------------------------------------------------------------------------------------- export
 def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                  overwrite: bool = False, dtype: str = "fp32") -> dict[str, Any]:
+                  overwrite: bool = False, dtype: str = "fp32", adapter_only: bool = False) -> dict[str, Any]:
     """Write a meshlm checkpoint (run dir or step folder, any parallel layout) as an HF folder that
     ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code; the weights are
-    stored in ``dtype`` (fp32, bf16 or fp16; round to nearest even from meshlm's fp32)."""
+    stored in ``dtype`` (fp32, bf16 or fp16; round to nearest even from meshlm's fp32). A LoRA checkpoint is
+    exported merged (base + adapters), or with ``adapter_only`` as a PEFT adapter folder."""
     from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
     from meshlm.tokenizer import MeshTokenizer
 
@@ -192,6 +194,12 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
     if not (ckpt / "tokenizer.json").is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no tokenizer.json; it cannot be exported with its tokenizer")
     model, job, _, ckpt = model_from_checkpoint(ckpt)
+    if job.training.objective == "reward":
+        raise CheckpointError(f"{ckpt} is a reward model (a 1-output score head); exporting it to HF is not "
+                              "supported yet — use it inside meshlm (e.g. as PPO's objective.reward_model)")
+    if adapter_only:
+        return _export_adapter(model, job, ckpt, out_dir, overwrite)
+    merge_lora(model)  # no-op without adapters
     cfg = job.model
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")  # reads tokenizer_meta.json when converted from HF
     if tokenizer.vocab_size > cfg.vocab_size:
@@ -227,9 +235,28 @@ def _export_tensors(model: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype
     for name, t in model.state_dict().items():
         if cfg.tie_embeddings and name == "output.weight":
             continue  # HF ties lm_head to the embedding on load
+        if name.endswith((".lora_A", ".lora_B")):
+            continue  # merged into the base weight
         out = t.detach().to(dtype).contiguous()
         if dtype == torch.float16 and torch.isinf(out).any() and not torch.isinf(t).any():
             raise CheckpointError(f"tensor '{name}' has values beyond fp16's range (|x| > 65504, max "
                                   f"{t.abs().max().item():.3g}); export with --dtype bf16 or fp32")
         tensors[hf_name(name)] = out
     return tensors
+
+
+def _export_adapter(model: torch.nn.Module, job, ckpt: Path, out_dir: Path, overwrite: bool) -> dict[str, Any]:
+    """A LoRA checkpoint's adapters as a PEFT folder; its base is the checkpoint's ``checkpoint.init_from``
+    (export that with ``convert to-hf`` too and load the adapter onto it)."""
+    from meshlm.interop.peft import write_peft_adapter
+
+    lora = job.lora
+    if not lora.enabled:
+        raise CheckpointError(f"{ckpt} has no LoRA adapters (lora.rank = 0); drop --adapter-only to export the "
+                              "whole model")
+    with atomic_folder(out_dir) as tmp:
+        files = write_peft_adapter(model, tmp, lora.targets, lora.rank, lora.alpha, lora.dropout,
+                                   base=job.checkpoint.init_from)
+    num = sum(p.numel() for n, p in model.named_parameters() if n.endswith((".lora_A", ".lora_B")))
+    return {"out": str(out_dir), "checkpoint": str(ckpt), "architecture": "PEFT LoRA adapter",
+            "num_params": num, "weight_files": files, "base": job.checkpoint.init_from}

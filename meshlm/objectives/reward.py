@@ -36,6 +36,7 @@ def sequence_scores(model: nn.Module, rows: dict[str, torch.Tensor]) -> torch.Te
 class RewardObjective:
     name = "reward"
     data_kind = "preference"
+    new_modules = ("output",)  # the score head: trained even under LoRA (it is not in the base checkpoint)
 
     def __init__(self, cfg: ObjectiveConfig | None = None) -> None:
         self.cfg = cfg or ObjectiveConfig()

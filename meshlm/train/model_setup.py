@@ -24,12 +24,12 @@ from meshlm.errors import ConfigError
 from meshlm.models import meta_model
 from meshlm.models.lora import apply_lora
 
-LORA_KEYS = (".lora_A", ".lora_B")
+def param_keys(parts: list[nn.Module], trainable: bool) -> set[str]:
+    """State-dict keys of the (non-)trainable parameters of ``parts`` (wrapper prefixes removed)."""
+    from meshlm.distributed.init import canonical_name
 
-
-def is_base_key(key: str) -> bool:
-    """A state-dict key of the base model (not a LoRA adapter)."""
-    return not key.endswith(LORA_KEYS)
+    return {canonical_name(name).removeprefix("module.") for part in parts
+            for name, p in part.named_parameters() if p.requires_grad == trainable}
 
 
 def adapt_meta_model(model: nn.Module, objective, cfg: JobConfig) -> None:
@@ -39,12 +39,16 @@ def adapt_meta_model(model: nn.Module, objective, cfg: JobConfig) -> None:
         adapt(model)
     if cfg.lora.enabled:
         apply_lora(model, cfg.lora.targets, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout)
+        # Modules the objective added (a score head) are new: they train beside the adapters.
+        for name in getattr(objective, "new_modules", ()):
+            model.get_submodule(name).requires_grad_(True)
 
 
 def load_lora_base(cfg: JobConfig, parts: list[nn.Module]) -> Path:
     """Load the frozen base weights of a LoRA model from ``checkpoint.init_from``; returns the folder."""
     path = resolve_checkpoint(cfg.checkpoint.init_from)
-    load_weights(path, parts, keep=is_base_key)
+    frozen = param_keys(parts, trainable=False)
+    load_weights(path, parts, keep=frozen.__contains__)
     return path
 
 
@@ -57,7 +61,7 @@ def load_checkpoint_weights(path: Path, cfg: JobConfig, parts: list[nn.Module]) 
     """A checkpoint's weights into ``parts`` built from its ``cfg``: base + adapters for a LoRA checkpoint."""
     if cfg.lora.enabled:
         load_lora_base(cfg, parts)
-        load_weights(path, parts, keep=lambda key: not is_base_key(key))
+        load_weights(path, parts, trainable_only=True)  # the adapters (and any new head)
     else:
         load_weights(path, parts)
 
