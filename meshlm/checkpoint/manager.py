@@ -142,10 +142,13 @@ def read_train_state(path: Path) -> dict[str, Any]:
 class CheckpointManager:
     """Saves and restores the full training state under ``run_dir/checkpoints``."""
 
-    def __init__(self, run_dir: Path, keep_last: int, rank: int = 0) -> None:
+    def __init__(self, run_dir: Path, keep_last: int, rank: int = 0, trainable_only: bool = False) -> None:
+        """``trainable_only``: save and load only the parameters that require grad (LoRA: the adapters; the
+        frozen base is reloaded from its own checkpoint, which train_state.json names)."""
         self.root = Path(run_dir) / "checkpoints"
         self.keep_last = keep_last
         self.rank = rank
+        self.trainable_only = trainable_only
 
     def save(self, step: int, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None,
              train_state: dict[str, Any], config_toml: str, extra_files: dict[str, Path] | None = None,
@@ -160,7 +163,7 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that crashed
             (tmp / "rng").mkdir(parents=True)
         _barrier()
-        state = _PartStates(parts, optimizers)  # optimizers=None: weights only (e.g. a converted model)
+        state = _PartStates(parts, optimizers, self.trainable_only)  # optimizers=None: weights only
         tensors = {"model": state.model} if state.optimizer is None else {"model": state.model,
                                                                           "optimizer": state.optimizer}
         writer = None if planner is None else dcp.FileSystemWriter(str(tmp / "dcp"), single_file_per_rank=False)
@@ -207,7 +210,7 @@ class CheckpointManager:
 
     def load(self, path: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         """Restore model parts, optimizers and RNG in place from ``path``; return its train state."""
-        load_weights(path, parts, optimizers)
+        load_weights(path, parts, optimizers, trainable_only=self.trainable_only)
         rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
         if rng_file.is_file():  # absent when resuming on more ranks than saved: those ranks keep their seed
             _set_rng_state(torch.load(rng_file, weights_only=True))
@@ -221,17 +224,25 @@ class _PartStates:
     """Per-part state dicts plus their union (what DCP saves/loads: keys are parameter names, so any layout
     can load what any other layout saved)."""
 
-    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None) -> None:
-        self.model_parts = [get_model_state_dict(part) for part in parts]
+    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None,
+                 trainable_only: bool = False, keep: Callable[[str], bool] | None = None) -> None:
+        options = StateDictOptions(ignore_frozen_params=trainable_only)
+        self.model_parts = [get_model_state_dict(part, options=options) for part in parts]
+        if keep is not None:  # a subset of the keys (e.g. a LoRA model's base weights)
+            self.model_parts = [{k: v for k, v in sd.items() if keep(k)} for sd in self.model_parts]
+        self.partial = trainable_only or keep is not None
         self.optim_parts = ([get_optimizer_state_dict(part, opt, options=_OPTIM_OPTIONS)
                              for part, opt in zip(parts, optimizers)] if optimizers is not None else None)
         self.model = {k: v for sd in self.model_parts for k, v in sd.items()}
         self.optimizer = {k: v for sd in self.optim_parts for k, v in sd.items()} if self.optim_parts else None
 
 
-def load_weights(path: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None = None) -> None:
-    """Load model parts (and optionally their optimizers) from a checkpoint's DCP folder, resharding as needed."""
-    states = _PartStates(parts, optimizers)
+def load_weights(path: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None = None, *,
+                 trainable_only: bool = False, keep: Callable[[str], bool] | None = None) -> None:
+    """Load model parts (and optionally their optimizers) from a checkpoint's DCP folder, resharding as needed.
+    ``trainable_only`` / ``keep(key)``: load only the trainable parameters / the state-dict keys ``keep`` accepts
+    (the others keep their values)."""
+    states = _PartStates(parts, optimizers, trainable_only, keep)
     target: dict[str, Any] = {"model": states.model}
     if states.optimizer is not None:
         target["optimizer"] = states.optimizer
@@ -242,7 +253,7 @@ def load_weights(path: Path, parts: list[nn.Module], optimizers: list[torch.opti
                               "[model] matches the run that wrote it") from None
     # dcp.load filled the merged dicts' tensors in place; they are the same objects as the per-part ones.
     for i, part in enumerate(parts):
-        set_model_state_dict(part, states.model_parts[i])
+        set_model_state_dict(part, states.model_parts[i], options=StateDictOptions(strict=not states.partial))
         if states.optim_parts is not None:
             set_optimizer_state_dict(part, optimizers[i], states.optim_parts[i], options=_OPTIM_OPTIONS)
 

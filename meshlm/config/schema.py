@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshlm.config.base import option
+from meshlm.config.posttrain import LoRAConfig, ObjectiveConfig
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
 
@@ -67,7 +68,10 @@ class TrainingConfig:
     micro_batch_size: int = option(0, "Sequences per forward/backward on each rank; 0 means the whole local "
                                       "batch (no accumulation). batch_size / (micro_batch_size * data-parallel "
                                       "ranks) micro-steps are accumulated.")
-    objective: str = option("pretrain", "Training objective.", choices=("pretrain",))
+    objective: str = option("pretrain", "Training objective: pretrain (next-token), sft (assistant-only loss on "
+                                        "JSONL chats), reward (Bradley-Terry reward model), dpo (DPO family, see "
+                                        "[objective]), ppo / grpo (RL from generated rollouts, see [objective]).",
+                            choices=("pretrain", "sft", "reward", "dpo", "ppo", "grpo"))
     precision: str = option("fp32", "fp32; bf16 autocast; fp16 autocast with dynamic loss scaling.",
                             choices=("fp32", "bf16", "fp16"))
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
@@ -178,12 +182,20 @@ class JobConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def validate(self) -> None:
         """Checks that span sections."""
         if self.data.seq_len > self.model.max_seq_len:
             raise ConfigError(f"data.seq_len ({self.data.seq_len}) is larger than the model's context "
                               f"model.max_seq_len ({self.model.max_seq_len}); lower data.seq_len")
+        if self.lora.enabled and not self.checkpoint.init_from:
+            raise ConfigError("lora.rank > 0 adapts a base model: set checkpoint.init_from to the base checkpoint "
+                              "(or lora.rank = 0 to train every weight)")
+        if self.lora.enabled and self.parallel.tp > 1:
+            raise ConfigError("LoRA is not supported with tensor parallelism yet; use parallel.tp = 1 (DDP or FSDP2 "
+                              "work) or lora.rank = 0")
 
 
 SECTIONS: dict[str, type] = {
@@ -195,4 +207,6 @@ SECTIONS: dict[str, type] = {
     "parallel": ParallelConfig,
     "checkpoint": CheckpointConfig,
     "metrics": MetricsConfig,
+    "objective": ObjectiveConfig,
+    "lora": LoRAConfig,
 }

@@ -32,6 +32,7 @@ from meshlm.train.determinism import configure_determinism
 from meshlm.train.flops import model_flops_per_token, peak_flops
 from meshlm.train.metrics import IntervalMemory, MetricsLogger
 from meshlm.train.optim import build_optimizer
+from meshlm.train.posttrain_hooks import ObjectiveHooks
 from meshlm.train.precision import DynamicLossScaler, autocast
 from meshlm.train.schedule import lr_at
 
@@ -76,16 +77,20 @@ class Trainer:
         tc = cfg.training
         self.engine = Engine(cfg.parallel, self.device)
         self.rank = self.engine.rank
-        self.dataset = checked_on_rank0(lambda: open_training_data(cfg.data, cfg.model.vocab_size),  # sha256
-                                        lambda: open_training_data(cfg.data, cfg.model.vocab_size, verify=False))
         self.micro_batch, self.accum_steps = self._micro_batching()
+        self.objective = build_objective(tc.objective, cfg.objective)
+        # Post-training objectives (data_kind != "tokens") read JSONL rows; see meshlm/train/posttrain_hooks.py
+        self.hooks = ObjectiveHooks(self.objective, cfg, self.engine, self.micro_batch)
+        self.dataset = None if self.hooks.data is not None else checked_on_rank0(
+            lambda: open_training_data(cfg.data, cfg.model.vocab_size),  # sha256
+            lambda: open_training_data(cfg.data, cfg.model.vocab_size, verify=False))
         self.engine.dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, self.micro_batch * self.accum_steps)
-        self.objective = build_objective(tc.objective)
         # The model is built on the meta device; the engine splits and shards it, then each rank allocates and
         # initialises only its own shards, from the seed and each parameter's name (meshlm/distributed/init.py):
         # every layout starts from the single-device weights, and no rank ever holds the whole model.
         torch.manual_seed(tc.seed)  # the global RNG (anything drawn outside the init) starts the same on every rank
         model = meta_model(cfg.model)
+        self.hooks.adapt_meta_model(model)  # the objective's head, LoRA
         stage_loss = getattr(self.objective, "loss_from_logits", None)
         if self.engine.pipelined and stage_loss is None:
             raise ConfigError(f"training.objective '{tc.objective}' does not support pipeline parallelism; "
@@ -94,13 +99,19 @@ class Trainer:
                                                    cfg.parallel.microbatches or self.engine.dims.pp)
         self.optimizers = [build_optimizer(part, cfg.optimizer) for part in self.model_parts]
         self.scaler = DynamicLossScaler() if tc.precision == "fp16" else None
-        self.train_loader = SequenceLoader(self.dataset, "train", cfg.data.seq_len, tc.batch_size,
-                                           dp_rank=self.engine.dp_rank, dp_size=self.engine.dp_size, seed=tc.seed)
-        self.eval_loader = self._eval_loader()
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last, rank=self.rank)
+        if self.hooks.data is not None:
+            self.train_loader, self.eval_loader = self.hooks.data.train_loader, self.hooks.data.eval_loader
+        else:
+            self.train_loader = SequenceLoader(self.dataset, "train", cfg.data.seq_len, tc.batch_size,
+                                               dp_rank=self.engine.dp_rank, dp_size=self.engine.dp_size, seed=tc.seed)
+            self.eval_loader = self._eval_loader()
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last, rank=self.rank,
+                                             trainable_only=cfg.lora.enabled)  # LoRA: adapters only
         self.step, self.tokens_seen = 0, 0
+        self.hooks.before_weights(self.model_parts, self._say)  # LoRA: the frozen base, from init_from
+        self.hooks.setup(self.model_parts, self.train_loader, self.eval_loader)  # e.g. the DPO reference
         resumed = self._resume() if resume else False
-        if cfg.checkpoint.init_from and not resumed:
+        if cfg.checkpoint.init_from and not resumed and not cfg.lora.enabled:
             self._init_from(cfg.checkpoint.init_from)
         self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.device, tc.precision)
@@ -146,7 +157,9 @@ class Trainer:
 
     def _init_from(self, source: str) -> None:
         path = resolve_checkpoint(source)
-        load_weights(path, self.model_parts)  # DCP reshards into whatever layout this run uses
+        # DCP reshards into whatever layout this run uses; an objective's own new parameters (PPO's value head)
+        # are not in the source checkpoint and keep their initial values
+        load_weights(path, self.model_parts, keep=getattr(self.objective, "init_from_keep", None))
         self._say(f"initialised weights from {path}")
 
     def _resume(self) -> bool:
@@ -157,6 +170,7 @@ class Trainer:
         state = self.checkpoints.load(path, self.model_parts, self.optimizers)
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.train_loader.load_state_dict(state["loader"])
+        self.hooks.load_state_dict(state)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self._say(f"resumed from {path} at step {self.step}")
@@ -192,6 +206,7 @@ class Trainer:
                 if self.eval_loader is not None and self._due(self.step, tc.eval_interval, last):
                     record["eval_loss"] = self.evaluate()
                 if self._due(self.step, mc.interval, last) or "eval_loss" in record:
+                    record.update(self.hooks.metrics())  # the objective's own metrics, reduced over dp ranks
                     logger.log(self._finish_record(record, window_tokens, window_steps, window_time))
                     window_tokens, window_steps, window_time = 0, 0, 0.0
                 else:
@@ -219,7 +234,7 @@ class Trainer:
         that :func:`host_values` reads in one go at log steps). The one exception is fp16, whose loss scaler reads
         the grad norm's finiteness once per optimizer step to decide whether to skip it."""
         tc, engine = self.cfg.training, self.engine
-        batch = {k: v.to(self.device) for k, v in self.train_loader.next_batch().items()}
+        batch = {k: v.to(self.device) for k, v in self.hooks.next_batch(self.train_loader).items()}
         global_tokens = engine.dp_sum(self.objective.num_loss_tokens(batch))  # () float64 on the device
         loss_scale = self.scaler.scale if self.scaler else 1.0
         # d(loss_sum · scale)/dθ summed over micro-batches (and averaged over data-parallel ranks by FSDP/DDP,
@@ -329,9 +344,11 @@ class Trainer:
     def save(self) -> Path:
         state = {"tokens_seen": self.tokens_seen, "loader": self.train_loader.state_dict(),
                  "scaler": self.scaler.state_dict() if self.scaler else None,
-                 "layout": self.engine.dims.describe()}
+                 "layout": self.engine.dims.describe(), **self.hooks.state_dict()}
+        files = ({"tokenizer.json": Path(self.dataset.tokenizer_path)} if self.dataset is not None
+                 else self.hooks.data.tokenizer_files)
         return self.checkpoints.save(self.step, self.model_parts, self.optimizers, state, config_to_toml(self.cfg),
-                                     extra_files={"tokenizer.json": Path(self.dataset.tokenizer_path)})
+                                     extra_files=files)
 
     def describe(self) -> str:
         mc, tc = self.cfg.model, self.cfg.training
