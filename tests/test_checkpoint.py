@@ -201,3 +201,47 @@ def test_two_rank_resume_past_a_corrupted_checkpoint(debug_dataset, tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert verify_checkpoint(run / "checkpoints" / "step-00000004") is None
+
+
+def _dataset_worker(rank: int, world: int, port: int, data: str, result: dict) -> None:
+    from meshlm.data import TokenDataset
+    from meshlm.distributed.rank0 import checked_on_rank0
+    from meshlm.errors import DataError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        opened = []
+        try:
+            checked_on_rank0(lambda: opened.append("sha256") or TokenDataset(data),
+                             lambda: opened.append("sizes") or TokenDataset(data, verify=False))
+            result[rank] = {"opened": opened, "error": ""}
+        except DataError as exc:
+            result[rank] = {"opened": opened, "error": str(exc)}
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("corrupt", [False, True], ids=["intact", "corrupted"])
+def test_dataset_checksums_are_verified_on_rank0_only(corrupt, debug_dataset, tmp_path):
+    """Rank 0 hashes the shards, the others check sizes only (after rank 0 is done); a corrupted shard (same
+    size) stops every rank with rank 0's message."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(debug_dataset, data)
+    if corrupt:
+        shard = sorted(data.glob("train-*.bin"))[0]
+        raw = bytearray(shard.read_bytes())
+        raw[0] ^= 0xFF
+        shard.write_bytes(bytes(raw))
+    with mp.Manager() as manager:
+        result = manager.dict()
+        mp.spawn(_dataset_worker, args=(2, _free_port(), str(data), result), nprocs=2, join=True)
+        result = {k: dict(v) for k, v in result.items()}
+    assert result[0]["opened"] == ["sha256"]
+    if corrupt:
+        assert "corrupted (checksum mismatch)" in result[0]["error"] and result[1]["error"] == result[0]["error"]
+        assert result[1]["opened"] == []  # rank 1 never opened it
+    else:
+        assert result[0]["error"] == result[1]["error"] == "" and result[1]["opened"] == ["sizes"]
