@@ -116,14 +116,16 @@ def test_ppo_resumes_bitwise_from_inside_a_rollout(tmp_path):
     assert last[0] == last[1] and last[0]["step"] == 6
 
 
-@pytest.mark.parametrize("name, layout", [("grpo", "parallel.dp_shard=2"), ("ppo", "parallel.dp_replicate=2")],
+@pytest.mark.parametrize("name, layout", [("grpo", ["parallel.dp_shard=2"]),
+                                          ("ppo", ["parallel.dp_replicate=2", "parallel.dp_shard=1"])],
                          ids=["grpo-fsdp2", "ppo-ddp2"])
 def test_runs_on_two_ranks(name, layout, tmp_path):
     """Each rank generates from its own prompts (FSDP2: the ranks decode in lockstep, stopping together)."""
     run = tmp_path / name
-    meshlm("train", f"configs/{name}.toml", "--nproc", "2", "--run-dir", str(run), "--set", layout,
-           "--set", "training.steps=4", "--set", "checkpoint.enabled=false", "--set", "metrics.interval=1",
-           "--set", "metrics.progress=plain", timeout=900)
+    overrides = [*layout, "training.steps=4", "checkpoint.enabled=false", "metrics.interval=1",
+                 "metrics.progress=plain"]
+    meshlm("train", f"configs/{name}.toml", "--nproc", "2", "--run-dir", str(run),
+           *[x for key in overrides for x in ("--set", key)], timeout=900)
     records = _records(run)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in records)

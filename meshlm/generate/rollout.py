@@ -131,7 +131,7 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
     mask = torch.cat([prompt_mask, torch.ones(B, cfg.max_new_tokens, dtype=torch.bool, device=device)], 1)
     next_pos = prompt_mask.long().sum(1)  # (B,) position of each row's next token
     positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
-    logits = model(prompt_ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=mask[:, :P])
+    logits = net(prompt_ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=mask[:, :P])
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, alive = [], [], []
     for step in range(cfg.max_new_tokens):
@@ -144,6 +144,6 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
         if all_finished(done) if all_finished is not None else done:
             break
         slot = P + step
-        logits = model(tokens[-1][:, None], cache=cache, start_pos=slot, position_ids=(next_pos + step)[:, None],
-                       padding_mask=mask[:, :slot + 1])  # (B, 1, V)
+        logits = net(tokens[-1][:, None], cache=cache, start_pos=slot, position_ids=(next_pos + step)[:, None],
+                     padding_mask=mask[:, :slot + 1])  # (B, 1, V)
     return Rollout(prompt_ids, prompt_mask, torch.stack(tokens, 1), torch.stack(alive, 1), torch.stack(logps, 1))
