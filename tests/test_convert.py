@@ -279,7 +279,7 @@ def test_existing_output_is_refused_unless_overwrite(good_hf, tmp_path, capsys):
     assert code == 2 and "--max-shard-size 'big'" in err and not (tmp_path / "x").exists()
 
 
-def test_generate_cli_stops_at_any_eos_id_of_generation_config(good_hf, tmp_path, capsys):
+def test_generate_cli_stops_at_any_eos_id_of_generation_config(good_hf, tmp_path, capfd):
     """An HF model whose generation_config.json lists two eos ids (as Llama 3.1 Instruct lists three) stops at the
     second one too, which it meets before the tokenizer's own eos."""
     out = convert_from_hf(good_hf, tmp_path / "plain")["out"]
@@ -293,12 +293,12 @@ def test_generate_cli_stops_at_any_eos_id_of_generation_config(good_hf, tmp_path
     convert_from_hf(hf_dir, tmp_path / "two-eos")
     from meshlm.cli.main import main
 
-    capsys.readouterr()
+    capfd.readouterr()  # file-descriptor capture: --json writes its document to the real stdout descriptor
     with pytest.raises(SystemExit) as exc:
         main(["generate", "--checkpoint", str(tmp_path / "two-eos"), "--prompt-ids", "1,2,3", "--greedy",
               "--max-new-tokens", "12", "--json"])
     assert exc.value.code == 0
-    sample = json.loads(capsys.readouterr().out)
+    sample = json.loads(capfd.readouterr().out)
     assert sample["eos_ids"] == [eos, free[stop_at]]
     assert sample["generated_ids"] == free[:stop_at + 1]  # shorter than the 12 it would give without the stop
 
