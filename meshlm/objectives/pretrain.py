@@ -16,6 +16,12 @@ from meshlm.objectives.base import IGNORE_INDEX
 CHUNK_ROWS = 4096
 
 
+def _targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) mask of rows that count, and labels with ignored rows pointed at column 0 (read, then zeroed)."""
+    valid = labels != IGNORE_INDEX
+    return valid, torch.where(valid, labels, 0)
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of ``logits`` (N, V) against ``labels`` (N,), ignoring IGNORE_INDEX.
 
@@ -29,16 +35,17 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
         for start in range(0, logits.shape[0], chunk_rows):
             lse[start:start + chunk_rows] = torch.logsumexp(logits[start:start + chunk_rows].float(), dim=-1)
-        valid = labels != IGNORE_INDEX  # (N,)
-        safe = torch.where(valid, labels, 0)  # ignored rows read column 0, then count for nothing
+        valid, safe = _targets(labels)
         target = logits.gather(1, safe[:, None]).squeeze(1).float()  # (N,) the target's logit
-        ctx.save_for_backward(logits, safe, valid, lse)
+        # Saved: the logits and labels (which exist anyway) and lse, 4 bytes per row; masks are rebuilt.
+        ctx.save_for_backward(logits, labels, lse)
         ctx.chunk_rows = chunk_rows
         return torch.where(valid, lse - target, 0.0).sum()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        logits, safe, valid, lse = ctx.saved_tensors
+        logits, labels, lse = ctx.saved_tensors
+        valid, safe = _targets(labels)
         row_scale = grad.float() * valid  # (N,) 0 on ignored rows
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk_rows):
