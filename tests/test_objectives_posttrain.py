@@ -113,8 +113,8 @@ def test_tokenizer_larger_than_model_exits_2(tmp_path, base_run):
 
 
 @pytest.mark.parametrize("objective", ["sft", "dpo"])
-@pytest.mark.parametrize("layout", [["parallel.dp_replicate=2", "parallel.dp_shard=1"], ["parallel.dp_shard=2"]],
-                         ids=["ddp2", "fsdp2"])
+@pytest.mark.parametrize("layout", [["parallel.dp_replicate=2", "parallel.dp_shard=1"], ["parallel.dp_shard=2"],
+                                    ["parallel.tp=2", "parallel.dp_shard=1"]], ids=["ddp2", "fsdp2", "tp2"])
 def test_parity_with_single_device(objective, layout):
     proc = meshlm("diagnose", "parity", *_sets(f"training.objective={objective}", *layout), "--nproc", "2",
                   "--steps", "3", "--json", check=False)
@@ -126,3 +126,24 @@ def test_parity_with_single_device(objective, layout):
 def test_lora_without_base_is_a_config_error(tmp_path):
     proc = _train(tmp_path / "bad", "training.objective=sft", "lora.rank=4", "training.steps=1", check=False)
     assert proc.returncode == 2 and "checkpoint.init_from" in proc.stderr, proc.stderr
+
+
+def test_pair_major_micro_batches_keep_each_pair_whole():
+    import torch
+
+    from meshlm.data.posttrain import PreferenceLoader, RowEncoder, encode_pairs, parse_row
+    from meshlm.objectives.base import pairs_to_rows
+    from meshlm.tokenizer import MeshTokenizer
+    from meshlm.train.data_setup import PairMajor
+
+    tok = MeshTokenizer.train(["kind words and rude words", "say something about apples"], 300)
+    rows = [parse_row({"prompt": f"say {i}", "chosen": " kind" * (i + 1), "rejected": " rude"}, f"x:{i}")
+            for i in range(4)]
+    pairs, _ = encode_pairs(rows, RowEncoder(tok), 32)
+    flat = PreferenceLoader(pairs, 32, 4, pad_id=0, shuffle=False).next_batch()  # (8, T): 4 chosen, 4 rejected
+    major = PairMajor(PreferenceLoader(pairs, 32, 4, pad_id=0, shuffle=False), offset=10).next_batch()
+    assert major["input_ids"].shape == (4, 2, 32)
+    assert torch.equal(pairs_to_rows(major)["input_ids"], flat["input_ids"])
+    micro = pairs_to_rows({k: v[2:4] for k, v in major.items()})  # the trainer's slice of micro-batch 2 of 2
+    assert torch.equal(micro["input_ids"], flat["input_ids"][[2, 3, 6, 7]])  # chosen 2, 3 then their rejected
+    assert micro["index"].tolist() == [12, 13, 12, 13]  # pair numbers, shifted by the offset

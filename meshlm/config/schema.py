@@ -196,6 +196,9 @@ class JobConfig:
         if self.lora.enabled and self.parallel.tp > 1:
             raise ConfigError("LoRA is not supported with tensor parallelism yet; use parallel.tp = 1 (DDP or FSDP2 "
                               "work) or lora.rank = 0")
+        if self.training.objective == "reward" and self.parallel.tp > 1:
+            raise ConfigError("training.objective = 'reward' has a 1-output score head that tensor parallelism "
+                              "cannot shard; use parallel.tp = 1 (DDP or FSDP2)")
 
 
 SECTIONS: dict[str, type] = {

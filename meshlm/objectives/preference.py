@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.objectives.base import MetricSums, ObjectiveContext, pairs_to_rows
 from meshlm.objectives.losses import REFERENCE_FREE, SequenceLogps, preference_loss, sequence_logps, split_pairs
+from meshlm.train.precision import autocast
 
 PRECOMPUTE_PAIRS = 8  # pairs per reference forward while precomputing
 
@@ -56,7 +57,8 @@ class PreferenceObjective:
         if self.cfg.reference == "model":
             self.reference = reference
             return
-        self.reference_table = self._precompute(reference, [ctx.train_loader, ctx.eval_loader], ctx.device)
+        with autocast(ctx.cfg.training.precision, ctx.device.type):  # as the training forwards run
+            self.reference_table = self._precompute(reference, [ctx.train_loader, ctx.eval_loader], ctx.device)
         del reference  # only the table stays
 
     @torch.no_grad()
@@ -84,13 +86,18 @@ class PreferenceObjective:
         out = preference_loss(self.cfg.loss_type, policy, reference, beta=beta,
                               label_smoothing=self.cfg.label_smoothing, simpo_gamma=self.cfg.simpo_gamma,
                               ipo_normalize=self.cfg.ipo_normalize)
-        prefix = "" if model.training else "eval_"
-        chosen, rejected = out.chosen_rewards.float(), out.rejected_rewards.float()
-        for name, values in (("rewards/chosen", chosen), ("rewards/rejected", rejected),
-                             ("rewards/margins", chosen - rejected), ("rewards/accuracies", (chosen > rejected).float()),
-                             ("logps/chosen", split_pairs(policy.sum)[0]), ("logps/rejected", split_pairs(policy.sum)[1])):
-            self._metrics.add(prefix + name, values)
+        self._record(out, policy, "" if model.training else "eval_")
         return out.losses.sum()
+
+    def _record(self, out, policy: SequenceLogps, prefix: str) -> None:
+        """TRL's metric names (+ the policy's summed log-probs), accumulated until the trainer reads them."""
+        chosen, rejected = out.chosen_rewards.float(), out.rejected_rewards.float()
+        logps_chosen, logps_rejected = split_pairs(policy.sum.detach())
+        for name, values in (("rewards/chosen", chosen), ("rewards/rejected", rejected),
+                             ("rewards/margins", chosen - rejected),
+                             ("rewards/accuracies", (chosen > rejected).float()),
+                             ("logps/chosen", logps_chosen), ("logps/rejected", logps_rejected)):
+            self._metrics.add(prefix + name, values)
 
     @torch.no_grad()
     def _reference_logps(self, rows: dict[str, torch.Tensor], policy: SequenceLogps) -> SequenceLogps:

@@ -4,8 +4,8 @@
 embedding) before parallelism; the score of a sequence is that head's value at position ``length − 1`` (right
 padding: the last token that is not padding, the eos of the response). Loss per pair (losses.py):
 ``−log σ(r⁺ − r⁻ − m) + c·(r⁺ + r⁻)²``; the trainer divides the summed loss by the global number of pairs.
-Metrics: ``accuracy`` (r⁺ > r⁻) and ``margin`` (mean r⁺ − r⁻), ``eval_accuracy`` / ``eval_margin`` on held-out
-pairs.
+Metrics: ``accuracy`` (r⁺ > r⁻) and ``margin`` (mean r⁺ − r⁻), ``eval_accuracy`` / ``eval_margin`` on
+held-out pairs.
 """
 
 from __future__ import annotations

@@ -138,8 +138,8 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
 
 class PairMajor:
     """A PreferenceLoader whose batches are pair-major: (2B, T) chosen-then-rejected becomes (B, 2, T), and
-    (2B,) becomes (B, 2). :func:`meshlm.objectives.base.pairs_to_rows` undoes it inside the objective. ``index`` is shifted by
-    ``offset`` so that the train and held-out pairs have distinct numbers (precomputed reference log-probs)."""
+    (2B,) becomes (B, 2); :func:`meshlm.objectives.base.pairs_to_rows` undoes it inside the objective. ``index``
+    is shifted by ``offset`` so that the train and held-out pairs have distinct numbers (precomputed reference log-probs)."""
 
     def __init__(self, loader: PreferenceLoader, offset: int = 0) -> None:
         self.loader, self.offset = loader, offset
