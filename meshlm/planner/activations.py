@@ -6,10 +6,11 @@ flash-style kernel, so nothing is O(s²)); docs/planner.md has the derivation. P
 b sequences of s tokens, hidden h, q = heads·head_dim, kv = kv_heads·head_dim, f = ffn width, H heads, all
 divided by the tensor-parallel degree t where the engine shards them:
 
-  fp32                 4·[ 6·bsh + 2·bs + 2·bs·q + 2·bs·kv + 4·bs·f + b·H·s ]
+  fp32                 4·[ 6·bsh + 2·bs + 2·bs·q + 2·bs·kv + 4·bs·f + b·H·s + 4·s·hd ]
     x, RMSNorm's normalised value and output, twice (attention and FFN halves): 6·bsh; RMSNorm's rsqrt: bs
     each; q and k after RoPE, v, the attention output: 2·bs·q + 2·bs·kv; sdpa's logsumexp: b·H·s; SwiGLU's
-    w1 and w3 outputs, silu(w1·x) and the product: 4·bs·f.
+    w1 and w3 outputs, silu(w1·x) and the product: 4·bs·f; RoPE's full-width cos/sin tables for q and k
+    (fp32 in every precision, shared by the batch): 4·s·hd.
   bf16/fp16 autocast   fp32 residual-stream tensors (x, normed, twice) 4·4·bsh, the low-precision copy of the
                        norm output made once per consuming linear (q, k, v; w1, w3): 5·2·bsh, the rest in 2
                        bytes, rsqrt and logsumexp in 4.
@@ -69,7 +70,9 @@ def block_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> 
     cb = training.compute_bytes
     if ac == "selective":  # the block input, matmul outputs (row-parallel ones before the reduction) and sdpa
         return (bs * h * x_bytes / norm_div + cb * bs * (2 * q + 2 * kv + 2 * f + 2 * h) + 4 * b * heads * s)
-    small = 4 * (2 * bs / norm_div + b * heads * s)  # rsqrt (twice), logsumexp
+    # rsqrt (twice), logsumexp; RoPE's fp32 (cos, cos) and (−sin, sin) tables of (1, s, 1, hd), made for q and
+    # for k in every block (shared by the batch, whole-sequence, and not split by tensor parallelism)
+    small = 4 * (2 * bs / norm_div + b * heads * s) + 4 * 4 * s * spec.hd
     inner = cb * bs * (2 * q + 2 * kv + 4 * f)  # rotated q/k, v, attention output; SwiGLU
     if not low:
         norm_region = 4 * 4 * bs * h / norm_div  # x, normed (attention half); h, normed (FFN half)
@@ -108,7 +111,9 @@ def head_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> f
         norm = (4 + 2) * bs * h / norm_div + 4 * bs / norm_div + 2 * bs * h
     else:
         norm = 4 * (2 * bs * h / norm_div + bs / norm_div) + 2 * bs * h
-    return norm + log_softmax
+    # meshlm's chunked cross-entropy saves the fp32 logits and one fp32 log-sum-exp per row (objectives/pretrain.py)
+    lse = 0.0 if t > 1 and layout.loss_parallel else 4 * bs
+    return norm + log_softmax + lse
 
 
 def stage_bytes(spec: ModelSpec, layout: Layout, training: Training, stage: int, layers: int, b: int) -> float:
