@@ -49,10 +49,12 @@ def test_sft_lowers_held_out_assistant_loss(tmp_path):
 def test_reward_model_separates_held_out_pairs(tmp_path):
     run = tmp_path / "reward"
     _train(run, "training.objective=reward", "training.steps=30", "training.eval_interval=30",
-           "metrics.interval=10", "checkpoint.enabled=false")
+           "metrics.interval=10", "checkpoint.interval=0")
     final = _records(run)[-1]
     assert final["eval_accuracy"] >= 0.9, final
     assert final["eval_margin"] > 0, final
+    proc = meshlm("generate", "--checkpoint", str(run), "--prompt", "hi", check=False)  # a score head
+    assert proc.returncode == 2 and "reward model" in proc.stderr, proc.stderr
 
 
 def test_dpo_raises_margin_and_held_out_accuracy(tmp_path):

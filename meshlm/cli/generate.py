@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from meshlm.cli.jsonout import emit
-from meshlm.errors import ConfigError
+from meshlm.errors import CheckpointError, ConfigError
 
 
 def register(sub, add_config_args) -> None:
@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise ConfigError("--max-new-tokens and --num-samples must be at least 1")
     model, cfg, _, ckpt = model_from_checkpoint(args.checkpoint, args.device)
+    if cfg.training.objective == "reward":
+        raise CheckpointError(f"{ckpt} is a reward model (a score head, no vocabulary head): it scores sequences "
+                              "and cannot generate; pass a policy checkpoint")
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
     if args.prompt_ids:
         prompt = parse_ids(args.prompt_ids)
