@@ -32,6 +32,10 @@ TIED_LAYOUTS = {
     "fsdp2": (2, sets(parallel__dp_shard=2)),
     "pp2-1f1b": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="1f1b")),
     "fsdp2xtp2": (4, sets(parallel__dp_shard=2, parallel__tp=2)),
+    # both copies on one rank (V placement: stages 0 and 3 on pp rank 0): summed locally
+    "pp2-zbv": (2, sets(parallel__pp=2, parallel__dp_shard=1, parallel__pp_schedule="zbv")),
+    # a middle stage between the holders: the sum goes over a 2-rank group of pp ranks 0 and 3
+    "pp4-1f1b": (4, sets(parallel__pp=4, parallel__dp_shard=1, parallel__pp_schedule="1f1b")),
 }
 
 
