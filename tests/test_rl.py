@@ -136,3 +136,29 @@ def test_bad_reward_fn_is_a_user_error(tmp_path):
     proc = meshlm("train", "configs/grpo.toml", "--run-dir", str(tmp_path / "bad"), "--set",
                   "objective.reward_fn=nowhere:fn", check=False)
     assert proc.returncode == 2 and "objective.reward_fn" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_reward_model_scores_each_response_at_its_last_token(tmp_path):
+    """GRPO scored by a `reward` run: the rollout's mean reward equals the reward model run on each sequence
+    alone (unpadded prompt + response, score at its last token) — the left padding and the last-token index."""
+    from meshlm.train.model_setup import rebuild_on_device, source_config
+
+    reward_cfg = load_config(ROOT / "configs" / "reward.toml", ["training.steps=2", "training.eval_interval=0",
+                                                                  "checkpoint.interval=2", "metrics.tensorboard=false",
+                                                                  "metrics.progress=plain"])
+    _trainer(reward_cfg, tmp_path / "rm").train()
+    cfg = _cfg("grpo", "training.steps=1", "objective.reward_fn=", f'objective.reward_model="{tmp_path / "rm"}"')
+    objective = _trainer(cfg, tmp_path / "grpo").objective
+    batch = objective.next_batch(None)
+    reward = {k: float(s / c) for k, (s, c) in objective.metrics().items()}["reward"]
+    path, rm_cfg = source_config(tmp_path / "rm")
+    scorer = rebuild_on_device(path, rm_cfg, "cpu")
+    buffer = objective.buffer  # the whole rollout (the minibatch is a shuffled half of it)
+    P = buffer["input_ids"].shape[1] - buffer["response_mask"].shape[1]
+    scores = []
+    with torch.no_grad():
+        for ids, real in zip(buffer["input_ids"], buffer["padding_mask"]):
+            alone = ids[real][None]  # (1, n) the row's real tokens only
+            scores.append(float(scorer(alone)[0, -1, 0]))
+    assert batch["input_ids"].shape[1] > P
+    assert abs(reward - sum(scores) / len(scores)) < 1e-5
