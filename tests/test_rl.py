@@ -117,8 +117,9 @@ def test_ppo_resumes_bitwise_from_inside_a_rollout(tmp_path):
 
 
 @pytest.mark.parametrize("name, layout", [("grpo", ["parallel.dp_shard=2"]),
-                                          ("ppo", ["parallel.dp_replicate=2", "parallel.dp_shard=1"])],
-                         ids=["grpo-fsdp2", "ppo-ddp2"])
+                                          ("ppo", ["parallel.dp_replicate=2", "parallel.dp_shard=1"]),
+                                          ("ppo", ["parallel.dp_shard=2"])],
+                         ids=["grpo-fsdp2", "ppo-ddp2", "ppo-fsdp2"])
 def test_runs_on_two_ranks(name, layout, tmp_path):
     """Each rank generates from its own prompts (FSDP2: the ranks decode in lockstep, stopping together)."""
     run = tmp_path / name
