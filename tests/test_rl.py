@@ -163,3 +163,9 @@ def test_reward_model_scores_each_response_at_its_last_token(tmp_path):
             scores.append(float(scorer(alone)[0, -1, 0]))
     assert batch["input_ids"].shape[1] > P
     assert abs(reward - sum(scores) / len(scores)) < 1e-5
+
+
+def test_ppo_refuses_lora():
+    """LoRA would freeze the value head with the rest of the base: refused, naming the keys."""
+    with pytest.raises(ConfigError, match="lora.rank = 0"):
+        _cfg("ppo", "lora.rank=4", 'checkpoint.init_from="somewhere"')

@@ -190,6 +190,10 @@ class JobConfig:
         if self.data.seq_len > self.model.max_seq_len:
             raise ConfigError(f"data.seq_len ({self.data.seq_len}) is larger than the model's context "
                               f"model.max_seq_len ({self.model.max_seq_len}); lower data.seq_len")
+        if self.lora.enabled and self.training.objective == "ppo":
+            # LoRA freezes every base parameter, PPO's value head included: the critic would never learn.
+            raise ConfigError("training.objective = 'ppo' does not support LoRA yet (its value head would stay "
+                              "frozen); set lora.rank = 0, or use grpo, which has no critic")
         if self.lora.enabled and not self.checkpoint.init_from:
             raise ConfigError("lora.rank > 0 adapts a base model: set checkpoint.init_from to the base checkpoint "
                               "(or lora.rank = 0 to train every weight)")
