@@ -55,6 +55,30 @@ def test_reward_model_separates_held_out_pairs(tmp_path):
     assert final["eval_margin"] > 0, final
     proc = meshlm("generate", "--checkpoint", str(run), "--prompt", "hi", check=False)  # a score head
     assert proc.returncode == 2 and "reward model" in proc.stderr, proc.stderr
+    _check_sequence_classifier_export(run, tmp_path / "hf")
+
+
+def _check_sequence_classifier_export(run: Path, out: Path) -> None:
+    """`convert to-hf` writes the reward model as a one-label ...ForSequenceClassification whose scores on a
+    right-padded batch equal meshlm's last-real-token scores."""
+    import torch
+
+    from meshlm.checkpoint.load import model_from_checkpoint
+    from meshlm.objectives.reward import sequence_scores
+    from meshlm.tokenizer import MeshTokenizer
+
+    transformers = pytest.importorskip("transformers")
+    meshlm("convert", "to-hf", str(run), str(out))
+    model, _, _, ckpt = model_from_checkpoint(run)
+    tok = MeshTokenizer.load(ckpt / "tokenizer.json")
+    rows = [tok.encode(text) + [tok.eos_id] for text in ("say something about apple kind warm", "say rude")]
+    ids = torch.full((2, max(map(len, rows))), tok.pad_id)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ours = sequence_scores(model, {"input_ids": ids, "lengths": torch.tensor([len(r) for r in rows])})
+        torch.testing.assert_close(hf(input_ids=ids).logits.squeeze(-1), ours, rtol=1e-4, atol=1e-4)
 
 
 def test_dpo_raises_margin_and_held_out_accuracy(tmp_path):

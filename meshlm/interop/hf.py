@@ -182,7 +182,8 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
     """Write a meshlm checkpoint (run dir or step folder, any parallel layout) as an HF folder that
     ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)`` loads with no custom code; the weights are
     stored in ``dtype`` (fp32, bf16 or fp16; round to nearest even from meshlm's fp32). A LoRA checkpoint is
-    exported merged (base + adapters), or with ``adapter_only`` as a PEFT adapter folder."""
+    exported merged (base + adapters), or with ``adapter_only`` as a PEFT adapter folder; a reward model as a
+    one-label ``...ForSequenceClassification``."""
     from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
     from meshlm.tokenizer import MeshTokenizer
 
@@ -194,13 +195,11 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
     if not (ckpt / "tokenizer.json").is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no tokenizer.json; it cannot be exported with its tokenizer")
     model, job, _, ckpt = model_from_checkpoint(ckpt)
-    if job.training.objective == "reward":
-        raise CheckpointError(f"{ckpt} is a reward model (a 1-output score head); exporting it to HF is not "
-                              "supported yet — use it inside meshlm (e.g. as PPO's objective.reward_model)")
     if adapter_only:
         return _export_adapter(model, job, ckpt, out_dir, overwrite)
     merge_lora(model)  # no-op without adapters
-    cfg = job.model
+    reward = job.training.objective == "reward"
+    cfg = model.cfg if reward else job.model  # a reward model's head is untied from the embedding
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")  # reads tokenizer_meta.json when converted from HF
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"{ckpt / 'tokenizer.json'} has {tokenizer.vocab_size} tokens, more than the "
@@ -211,6 +210,8 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
     config = hf_config_from_model(cfg, tokenizer.bos_id, eos_ids, tokenizer.pad_id,
                                   dtype=str(torch_dtype).removeprefix("torch."))
     tensors = _export_tensors(model, cfg, torch_dtype)
+    if reward:
+        config, tensors = _as_sequence_classifier(config, tensors)
     with atomic_folder(out_dir) as tmp:
         write_json(tmp / "config.json", config)
         write_json(tmp / "generation_config.json", {key: config[key] for key in
@@ -243,6 +244,20 @@ def _export_tensors(model: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype
                                   f"{t.abs().max().item():.3g}); export with --dtype bf16 or fp32")
         tensors[hf_name(name)] = out
     return tensors
+
+
+def _as_sequence_classifier(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """A reward model as transformers' ``<Family>ForSequenceClassification`` with one label: the score head is
+    ``score.weight``; transformers reads it at the last token that is not ``pad_token_id``, as meshlm does at
+    ``length − 1`` of a right-padded row."""
+    if config.get("pad_token_id") is None:
+        raise CheckpointError("a reward model exports as a sequence classifier only with a pad token (transformers "
+                              "finds each row's last token by it); its tokenizer has none")
+    arch = config["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
+    config = {**config, "architectures": [arch], "num_labels": 1, "id2label": {"0": "LABEL_0"},
+              "label2id": {"LABEL_0": 0}, "tie_word_embeddings": False}
+    tensors = {("score.weight" if k == "lm_head.weight" else k): v for k, v in tensors.items()}
+    return config, tensors
 
 
 def _export_adapter(model: torch.nn.Module, job, ckpt: Path, out_dir: Path, overwrite: bool) -> dict[str, Any]:
