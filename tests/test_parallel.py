@@ -128,6 +128,27 @@ def test_fsdp_collective_bytes_are_exact(debug_dataset, tmp_path):
     assert 0 < record["comm_share"] <= 1
 
 
+def test_sequence_parallel_norm_grads_are_reduced_once_per_step(debug_dataset, tmp_path):
+    """tp2 with sequence parallelism, no FSDP: the norm weights' Partial gradients are all-reduced once each, by
+    the engine after backward (4·dim bytes per norm: 2 per block and the final one), and not again by the
+    grad-norm or the AdamW ops. What DTensor still runs inside its own dispatch is exactly the loss-parallel
+    cross-entropy (3 reductions of one fp32 per token) and one grad-norm all-reduce (one fp32 per parameter
+    tensor)."""
+    from meshlm.models import flavor_config
+
+    run = tmp_path / "run"
+    meshlm("train", CFG, "--nproc", "2", *sets(parallel__tp=2, parallel__dp_shard=1, training__steps=2,
+                                                metrics__interval=1, metrics__comm_sample_interval=1),
+           *QUIET, "--run-dir", str(run))
+    record = _records(run)[2]
+    cfg = flavor_config("debug")
+    norms = 2 * cfg.n_layers + 1
+    assert record["comm"]["all_reduce"] == {"calls": norms, "bytes": 4 * cfg.dim * norms}
+    tokens = 8 * 64  # debug.toml: 8 sequences of 64 tokens, the whole batch on both TP ranks
+    num_param_tensors = 9 * cfg.n_layers + 3
+    assert record["comm_dtensor"] == {"all_reduce": {"calls": 3 + 1, "bytes": 3 * 4 * tokens + 4 * num_param_tensors}}
+
+
 def _records(run: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
 

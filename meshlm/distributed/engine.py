@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from meshlm.config.schema import ParallelConfig, TrainingConfig
 from meshlm.distributed.activation_checkpoint import apply_activation_checkpointing
@@ -201,6 +201,7 @@ class Engine:
         (by exactly 1.0 when the norm is below max_norm), so nothing waits for the norm on the host.
         """
         params = [p for part in parts for p in part.parameters() if p.grad is not None]
+        _replicate_partial_grads(params)
         if grad_scale != 1.0:
             for p in params:
                 p.grad.mul_(grad_scale)
@@ -227,3 +228,18 @@ class Engine:
             for grads in groups.values():  # per group: foreach ops cannot mix DTensors and plain tensors
                 torch._foreach_mul_(grads, coef)
         return total
+
+
+def _replicate_partial_grads(params: list[nn.Parameter]) -> None:
+    """Sum each Partial gradient over its mesh dim once, in place of ``.grad``.
+
+    Replicate weights applied to sharded activations (sequence-parallel norms, head-shared q/k norms) get
+    Partial gradients. Without FSDP (which reduces them itself) they would stay Partial in ``.grad``, and every
+    op that reads them — the grad-norm and each foreach/fused AdamW op — would all-reduce them again: four
+    all-reduces of the same tensor per step instead of one.
+    """
+    for p in params:
+        grad = p.grad
+        if isinstance(grad, DTensor) and any(pl.is_partial() for pl in grad.placements):
+            placements = [Replicate() if pl.is_partial() else pl for pl in grad.placements]
+            p.grad = grad.redistribute(grad.device_mesh, placements)

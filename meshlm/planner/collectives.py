@@ -2,10 +2,11 @@
 
 Each entry carries the payload in the convention of meshlm/distributed/comm.py (the full buffer of an
 all-gather or reduce-scatter, the tensor of an all-reduce or send/recv), the mesh dim it runs over and whether
-the engine's counter sees it: collectives that DTensor issues inside its own op dispatch (loss-parallel
-reductions, the partial gradients of sequence-parallel norm weights without FSDP, the gradient-norm reduction)
-run below the counter's dispatch mode. They are costed in time all the same. ``comm_bytes_per_step`` predicted
-= the counted payloads, and a test compares it with ``metrics.jsonl`` byte for byte.
+the engine's own counter buckets hold it (``counted``): collectives that DTensor issues inside its own op
+dispatch (the loss-parallel reductions, the gradient-norm reduction) are counted too, but apart, in
+``comm_dtensor*`` (meshlm/distributed/comm.py); here they are ``counted=False``. They are costed in time all
+the same. ``comm_bytes_per_step`` predicted = the counted payloads, and a test compares it with
+``metrics.jsonl`` byte for byte.
 """
 
 from __future__ import annotations
@@ -133,6 +134,12 @@ def _tensor_parallel(spec: ModelSpec, layout: Layout, training: Training,
             # column-parallel linear (wq, wk, wv, w1, w3) and of the head
             calls = 7 * st.layers + (1 if first_stage else 0) + (1 if last_stage else 0)
             out.append(Collective("all_reduce", "tp", act, micro * calls, "tp"))
+        if layout.dp == 1:  # no FSDP: the engine all-reduces the Partial norm-weight gradients once per step
+            if layout.sequence_parallel:
+                norms = 2 * st.layers + (1 if last_stage else 0)
+                out.append(Collective("all_reduce", "tp", 4.0 * spec.dim, norms, "dp"))
+            if spec.qk_norm:  # head-shared q/k norm weights over head-sharded activations
+                out.append(Collective("all_reduce", "tp", 4.0 * spec.hd, 2 * st.layers, "dp"))
         if last_stage:
             if layout.loss_parallel:  # max, sum of exponentials and target logit over the vocabulary shards
                 out.append(Collective("all_reduce", "tp", 4.0 * b * s, micro * 3, "tp", counted=False))
