@@ -23,8 +23,10 @@ divided by the tensor-parallel degree t where the engine shards them:
                        (output, logsumexp): the policy saves them; everything else is recomputed.
   full AC              the block input only.
 
-The last stage adds the final norm, the output head's input and the fp32 log-softmax (b·s·V, 1/t with loss
-parallelism); every rank holds its batch (input ids and labels, int64).
+The last stage adds the final norm, the output head's input and what the loss saves: with loss parallelism
+the fp32 log-softmax of the vocabulary shard (4·b·s·V/t); otherwise the chunked cross-entropy's logits in the
+compute dtype (b·s·V each) and one fp32 log-sum-exp per row (4·bs). Every rank holds its batch (input ids and
+labels, int64).
 
 GPT-style (planner only): Korthikanti et al. 2022 in 16-bit, s·b·h·34 per layer (with flash attention the
 5·a·s/h term vanishes), TP t: sbh·(10 + 24/t), TP+SP: 34·sbh/t, full recompute 2·sbh; ×2 in fp32.
@@ -100,10 +102,14 @@ def head_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> f
     s, h, t = training.seq_len, spec.dim, layout.tp
     sp = layout.sequence_parallel and t > 1
     bs = b * s
-    vocab = spec.vocab_size / t if t > 1 and layout.loss_parallel else spec.vocab_size
-    log_softmax = 4 * bs * vocab
-    if spec.arch == "gpt":
-        return log_softmax + 4 * bs * h * training.compute_bytes / 2
+    loss_parallel = t > 1 and layout.loss_parallel
+    vocab = spec.vocab_size / t if loss_parallel else spec.vocab_size
+    # Loss parallelism: torch's cross-entropy on the vocabulary shards saves the fp32 log-softmax of the
+    # upcast logits. Otherwise meshlm's chunked cross-entropy saves the logits themselves, in the dtype the head
+    # produced them (bf16/fp16 under autocast or FSDP's mixed precision), and one fp32 log-sum-exp per row.
+    loss_saved = 4 * bs * vocab if loss_parallel else training.compute_bytes * bs * vocab
+    if spec.arch == "gpt":  # Megatron's fp32 cross-entropy keeps the fp32 log-softmax
+        return 4 * bs * vocab + 4 * bs * h * training.compute_bytes / 2
     norm_div = t if sp else 1
     if training.precision == "fp32":
         norm = 4 * (2 * bs * h / norm_div + bs / norm_div) + 4 * bs * h  # x, normed, rsqrt; head input
@@ -111,9 +117,8 @@ def head_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> f
         norm = (4 + 2) * bs * h / norm_div + 4 * bs / norm_div + 2 * bs * h
     else:
         norm = 4 * (2 * bs * h / norm_div + bs / norm_div) + 2 * bs * h
-    # meshlm's chunked cross-entropy saves the fp32 logits and one fp32 log-sum-exp per row (objectives/pretrain.py)
-    lse = 0.0 if t > 1 and layout.loss_parallel else 4 * bs
-    return norm + log_softmax + lse
+    lse = 0.0 if loss_parallel else 4 * bs  # the chunked cross-entropy's row log-sum-exps (objectives/pretrain.py)
+    return norm + loss_saved + lse
 
 
 def stage_bytes(spec: ModelSpec, layout: Layout, training: Training, stage: int, layers: int, b: int) -> float:
