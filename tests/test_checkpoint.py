@@ -133,6 +133,20 @@ def test_pruning_waits_for_the_new_checkpoint(tmp_path, monkeypatch):
     assert find_latest_valid(mgr.root) == first
 
 
+def test_save_after_falling_back_past_a_corrupted_step_keeps_itself(tmp_path):
+    """keep_last=1, step 200 corrupted, resume fell back to 100 and now saves 150: 150 is kept (not pruned in
+    favour of the newer-numbered corrupted 200), and the corrupted 200 is removed so the next resume finds 150."""
+    model, opt = _toy(0)
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    mgr.save(100, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
+    bad = CheckpointManager(tmp_path, keep_last=2).save(200, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
+    (bad / "train_state.json").write_text("{}")  # corrupted: fails its checksum
+    saved = mgr.save(150, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
+    assert saved.is_dir() and verify_checkpoint(saved) is None
+    assert find_latest_valid(mgr.root) == saved
+    assert sorted(p.name for p in mgr.root.iterdir()) == ["step-00000150"]
+
+
 def test_save_reads_back_only_the_tensor_files(tmp_path, monkeypatch):
     """The manifest's checksums come from the bytes as they are written (RNG state, train state, config,
     copied files); only DCP's own files are read back once, by the rank that wrote them."""

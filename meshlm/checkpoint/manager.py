@@ -184,7 +184,7 @@ class CheckpointManager:
                 files[name] = _write_hashed(tmp / name, Path(src).read_bytes())
             self._write_manifest(tmp, step, files)
             _put_in_place(tmp, final)
-            self._prune()
+            self._prune(step)
         _barrier()
         return final
 
@@ -198,10 +198,17 @@ class CheckpointManager:
         manifest = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "files": files}
         atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=1))
 
-    def _prune(self) -> None:
-        """Runs after the new checkpoint is in place: keeps the newest ``keep_last``, removes leftovers."""
+    def _prune(self, saved_step: int) -> None:
+        """Runs after the new checkpoint is in place. Keeps the newest ``keep_last`` of the steps up to
+        ``saved_step`` (always ``saved_step`` itself) and removes leftovers. A newer step than the one just saved
+        exists only when a resume fell back past it: a corrupted one is removed, a valid one is left alone, and
+        neither counts toward ``keep_last`` (counting them could prune the checkpoint just written)."""
         done = list_checkpoints(self.root)
-        for _, path in done[: max(len(done) - self.keep_last, 0)]:
+        for step, path in done:
+            if step > saved_step and verify_checkpoint(path) is not None:
+                shutil.rmtree(path, ignore_errors=True)
+        current = [(step, path) for step, path in done if step <= saved_step]
+        for _, path in current[: max(len(current) - self.keep_last, 0)]:
             shutil.rmtree(path, ignore_errors=True)
         kept = {p for _, p in list_checkpoints(self.root)}
         for stale in [*self.root.glob("step-*.tmp"), *self.root.glob("step-*.old")]:
