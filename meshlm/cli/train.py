@@ -92,13 +92,13 @@ def _train(args: argparse.Namespace, cfg) -> int:
     try:
         trainer = Trainer(cfg, run_dir, resume=bool(args.resume), stop_at=args.stop_at)
         summary = trainer.train()
+        write_peak_rss(run_dir, rank)  # only with MESHLM_PEAK_RSS=1
     except BaseException:
         if dist.is_initialized():  # no barrier: the peers may never reach it
             dist.destroy_process_group()
         raise
     if dist.is_initialized():
         # Leave together: a rank that tears down its gloo pairs while a peer still finishes the last
-        write_peak_rss(run_dir, rank)  # only with MESHLM_PEAK_RSS=1
         # collective can make that peer abort.
         dist.barrier()
         dist.destroy_process_group()
