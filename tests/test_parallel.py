@@ -86,11 +86,18 @@ def test_low_precision_tracks_the_single_device_run_of_that_precision(layout, pr
     assert [r["step"] for r in report["steps"]] == [1, 2]
 
 
-def test_compiled_blocks_under_fsdp_match_the_single_device_compiled_run(debug_dataset):
-    """training.compile=true (per-block torch.compile, applied before FSDP) against a compiled single device;
-    2 steps because inductor's CPU compile takes most of a minute here. fp32 tolerance. (Compile under TP is
-    not covered: it fails in the first backward, see docs/trainer.md.)"""
-    out = meshlm("diagnose", "parity", CFG, "--nproc", "2", "--steps", "2", *LOW_PRECISION["fsdp2"],
+COMPILED = {
+    "fsdp2": LOW_PRECISION["fsdp2"],
+    "tp2-sp": LOW_PRECISION["tp2"],
+    "tp2-nosp": sets(parallel__tp=2, parallel__dp_shard=1, parallel__sequence_parallel="false"),
+}
+
+
+@pytest.mark.parametrize("layout", list(COMPILED))
+def test_compiled_blocks_match_the_single_device_compiled_run(layout, debug_dataset):
+    """training.compile=true (per-block torch.compile, applied after TP and before FSDP) against a compiled
+    single device; 2 steps because inductor's CPU compile takes most of a minute here. fp32 tolerance."""
+    out = meshlm("diagnose", "parity", CFG, "--nproc", "2", "--steps", "2", *COMPILED[layout],
                  *sets(training__compile="true"), "--json")
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["ok"], report

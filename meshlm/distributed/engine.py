@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor, Replicate
 
 from meshlm.config.schema import ParallelConfig, TrainingConfig
@@ -106,6 +107,8 @@ class Engine:
             apply_tensor_parallel(part, self.mesh["tp"], self.cfg.sequence_parallel, self.cfg.loss_parallel)
         apply_activation_checkpointing(part, training.activation_checkpointing)
         if training.compile:
+            if dims.tp > 1 and part.tok_embeddings is not None:
+                part.tok_embeddings.register_forward_hook(_wait_collective_output)
             for block in part.layers.values():
                 block.compile()
         if dims.dp > 1 and not self._uses_ddp:
@@ -243,3 +246,12 @@ def _replicate_partial_grads(params: list[nn.Parameter]) -> None:
         if isinstance(grad, DTensor) and any(pl.is_partial() for pl in grad.placements):
             placements = [Replicate() if pl.is_partial() else pl for pl in grad.placements]
             p.grad = grad.redistribute(grad.device_mesh, placements)
+
+
+def _wait_collective_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Hand the first compiled block a plain tensor, not the AsyncCollectiveTensor of the embedding's TP
+    all-reduce / reduce-scatter (``use_local_output``). Fed to a compiled block, that wrapper's gradient
+    comes back as a plain tensor where DTensor's ``Redistribute.backward`` expects a DTensor ("'Tensor'
+    object has no attribute '_local_tensor'", torch 2.13). ``* 1.0`` waits for the collective and unwraps,
+    keeping the autograd graph."""
+    return output * 1.0 if isinstance(output, AsyncCollectiveTensor) else output
