@@ -284,17 +284,23 @@ class GRPOObjective(RLObjective):
         return {"advantages": adv[:, None].expand_as(old_logps).contiguous()}  # (B, N)
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits, labels = forward_sequences(model, batch)
-        logps = token_logps(logits / self._temperature, labels)  # (B, N)
+        logits, labels = self._scaled_logits(model, batch)
+        logps = token_logps(logits, labels)  # (B, N)
         mask = batch["response_mask"]
         out = grpo_token_losses(logps, batch["old_logps"], batch["advantages"], mask, batch["ref_logps"],
                                 self.cfg.cliprange, self.cfg.kl_coef)
         self._loss_metrics(logits, mask, out)
         return out.losses.sum()
 
+    def _scaled_logits(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits at the sampling temperature (the distribution the rollout drew from); no copy at 1.0."""
+        logits, labels = forward_sequences(model, batch)
+        return (logits if self._temperature == 1.0 else logits / self._temperature), labels
+
     def _loss_metrics(self, logits: torch.Tensor, mask: torch.Tensor, out) -> None:
+        """``logits`` already at the sampling temperature."""
         with torch.no_grad():
-            self._metrics.add("entropy", entropy_from_logits(logits / self._temperature)[mask])
+            self._metrics.add("entropy", entropy_from_logits(logits)[mask])
             self._metrics.add("clip_fraction", out.clip_fraction)
             self._metrics.add("approx_kl", out.approx_kl)
 
@@ -324,10 +330,10 @@ class PPOObjective(GRPOObjective):
         return {"advantages": whiten(adv, response), "returns": returns, "old_values": old_values}
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits, labels = forward_sequences(model, batch)
+        logits, labels = self._scaled_logits(model, batch)
         P = batch["input_ids"].shape[1] - batch["response_mask"].shape[1]
         values = unwrap(model).output.take_values()[:, P - 1:-1]  # (B, N) value of the state before each token
-        logps = token_logps(logits / self._temperature, labels)
+        logps = token_logps(logits, labels)
         mask = batch["response_mask"]
         out = clipped_policy_loss(logps, batch["old_logps"], batch["advantages"], mask, self.cfg.cliprange)
         value_losses, value_clip = clipped_value_loss(values, batch["old_values"], batch["returns"], mask,
