@@ -152,7 +152,7 @@ def test_preference_loss_dispatch_from_logits_equals_the_direct_calls():
 
 def test_preference_metrics_use_trl_names():
     out = L.PreferenceLoss(torch.zeros(3), torch.tensor([1.0, 0.0, 2.0]), torch.tensor([0.0, 1.0, 1.0]))
-    m = L.preference_metrics(out)
+    m = {name: values.mean().item() for name, values in L.preference_metrics(out).items()}
     assert m == pytest.approx({"rewards/chosen": 1.0, "rewards/rejected": 2 / 3, "rewards/margins": 1 / 3,
                                "rewards/accuracies": 2 / 3})
 
@@ -222,7 +222,6 @@ def test_bradley_terry_formula_and_last_token_scores():
     for i in range(2):
         expect = -_logsig(c[i].item() - r[i].item() - 0.3) + 0.1 * (c[i].item() + r[i].item()) ** 2
         assert got[i].item() == pytest.approx(expect, **APPROX)
-    assert L.reward_metrics(c, r) == pytest.approx({"accuracy": 0.5, "margin": 0.0})
 
 
 # --- PPO / GRPO ---------------------------------------------------------------------------------------------------

@@ -159,15 +159,11 @@ def preference_loss(loss_type: str, policy: SequenceLogps, reference: SequenceLo
     return hinge_loss(pc, pr, rc, rr, beta)
 
 
-def preference_metrics(out: PreferenceLoss) -> dict[str, float]:
-    """TRL's metric names, averaged over the pairs."""
-    chosen, rejected = out.chosen_rewards.float(), out.rejected_rewards.float()
-    return {
-        "rewards/chosen": chosen.mean().item(),
-        "rewards/rejected": rejected.mean().item(),
-        "rewards/margins": (chosen - rejected).mean().item(),
-        "rewards/accuracies": (chosen > rejected).float().mean().item(),
-    }
+def preference_metrics(out: PreferenceLoss) -> dict[str, torch.Tensor]:
+    """TRL's metric names -> per-pair values (detached, on the device; the caller averages them when it logs)."""
+    chosen, rejected = out.chosen_rewards.detach().float(), out.rejected_rewards.detach().float()
+    return {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+            "rewards/accuracies": (chosen > rejected).float()}
 
 
 # --- reward model ------------------------------------------------------------------------------------------
@@ -186,10 +182,6 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
     if center_coef:
         losses = losses + center_coef * (chosen + rejected) ** 2
     return losses
-
-
-def reward_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
-    return {"accuracy": (chosen > rejected).float().mean().item(), "margin": (chosen - rejected).mean().item()}
 
 
 # --- PPO and GRPO ------------------------------------------------------------------------------------------

@@ -22,7 +22,14 @@ from torch.distributed.tensor import DTensor
 
 from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.objectives.base import MetricSums, ObjectiveContext, pairs_to_rows
-from meshlm.objectives.losses import REFERENCE_FREE, SequenceLogps, preference_loss, sequence_logps, split_pairs
+from meshlm.objectives.losses import (
+    REFERENCE_FREE,
+    SequenceLogps,
+    preference_loss,
+    preference_metrics,
+    sequence_logps,
+    split_pairs,
+)
 from meshlm.train.precision import autocast
 
 PRECOMPUTE_PAIRS = 8  # pairs per reference forward while precomputing
@@ -91,12 +98,9 @@ class PreferenceObjective:
 
     def _record(self, out, policy: SequenceLogps, prefix: str) -> None:
         """TRL's metric names (+ the policy's summed log-probs), accumulated until the trainer reads them."""
-        chosen, rejected = out.chosen_rewards.float(), out.rejected_rewards.float()
         logps_chosen, logps_rejected = split_pairs(policy.sum.detach())
-        for name, values in (("rewards/chosen", chosen), ("rewards/rejected", rejected),
-                             ("rewards/margins", chosen - rejected),
-                             ("rewards/accuracies", (chosen > rejected).float()),
-                             ("logps/chosen", logps_chosen), ("logps/rejected", logps_rejected)):
+        terms = {**preference_metrics(out), "logps/chosen": logps_chosen, "logps/rejected": logps_rejected}
+        for name, values in terms.items():
             self._metrics.add(prefix + name, values)
 
     @torch.no_grad()
