@@ -138,9 +138,14 @@ def test_tokenizer_larger_than_model_exits_2(tmp_path, base_run):
     assert "tokenizer" in proc.stderr and "model.vocab_size" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("objective", ["sft", "dpo"])
-@pytest.mark.parametrize("layout", [["parallel.dp_replicate=2", "parallel.dp_shard=1"], ["parallel.dp_shard=2"],
-                                    ["parallel.tp=2", "parallel.dp_shard=1"]], ids=["ddp2", "fsdp2", "tp2"])
+_DDP2, _FSDP2, _TP2 = (["parallel.dp_replicate=2", "parallel.dp_shard=1"], ["parallel.dp_shard=2"],
+                       ["parallel.tp=2", "parallel.dp_shard=1"])
+
+
+@pytest.mark.parametrize("objective, layout", [
+    *[(objective, layout) for objective in ("sft", "dpo") for layout in (_DDP2, _FSDP2, _TP2)],
+    ("reward", _DDP2), ("reward", _FSDP2),  # the score head refuses tp > 1
+], ids=["sft-ddp2", "sft-fsdp2", "sft-tp2", "dpo-ddp2", "dpo-fsdp2", "dpo-tp2", "reward-ddp2", "reward-fsdp2"])
 def test_parity_with_single_device(objective, layout):
     proc = meshlm("diagnose", "parity", *_sets(f"training.objective={objective}", *layout), "--nproc", "2",
                   "--steps", "3", "--json", check=False)
