@@ -28,9 +28,26 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, reshard: s
         else:
             keep = reshard == "never"
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep)
-    # The root group holds the embedding, final norm and head; its params are used last in forward and
-    # first in backward, so there is nothing to gain from resharding them in between.
+    _shard_ends(model, dp_mesh, mp, keep_embedding=pipelined or reshard == "never")
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+
+
+def _shard_ends(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy, keep_embedding: bool) -> None:
+    """The embedding and the (final norm, head) pair as FSDP units of their own, as torchtitan does.
+
+    The embedding is used first in forward and last in backward: resharded in between, it is not held
+    gathered (with its unsharded gradient) for the whole step — V·d parameters, large for big vocabularies.
+    The head is used last in forward and first in backward, so it stays gathered. A tied embedding and head
+    are one parameter and must be one unit: they stay in the root's group. Pipeline stages may lack either.
+    """
+    embedding, norm, head = model.tok_embeddings, model.norm, model.output
+    if embedding is not None and head is not None and head.weight is embedding.weight:
+        return  # tied: the root group holds both
+    if embedding is not None:
+        fully_shard(embedding, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_embedding)
+    if head is not None:
+        fully_shard([m for m in (norm, head) if m is not None], mesh=dp_mesh, mp_policy=mp,
+                    reshard_after_forward=False)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:

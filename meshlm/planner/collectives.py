@@ -75,8 +75,9 @@ def _data_parallel(spec: ModelSpec, layout: Layout, training: Training,
     out: list[Collective] = []
     for st in stages:
         units = [(st.block.unsharded, st.layers)]
-        if st.root.tensors:
-            units.append((st.root.unsharded, 1))
+        for end in (st.embedding, st.root):  # the embedding and the head are FSDP units of their own
+            if end.tensors:
+                units.append((end.unsharded, 1))
         gathers_fwd = sum(k for _, k in units)
         fwd_bytes = sum(u * k for u, k in units)
         if layout.pp > 1 or layout.sharding == "zero1":
@@ -95,6 +96,9 @@ def _data_parallel(spec: ModelSpec, layout: Layout, training: Training,
                                   rounds * gathers_fwd, "dp"))
             if regather:
                 out.append(Collective("all_gather", "dp_shard", pb * st.block.unsharded, rounds * regather, "dp"))
+            if st.embedding.tensors and layout.sharding == "zero3" and layout.pp == 1:
+                # the embedding is resharded after forward and gathered again for its backward
+                out.append(Collective("all_gather", "dp_shard", pb * st.embedding.unsharded, rounds, "dp"))
         # reduce-scattered on every accumulation micro-step (meshlm.distributed.data_parallel.set_grad_sync);
         # under pipelining once, after the schedule's last backward
         out.append(Collective("reduce_scatter", "dp_shard", 4.0 * fwd_bytes / gathers_fwd, rounds * gathers_fwd,

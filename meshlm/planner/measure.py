@@ -62,14 +62,18 @@ def optimizer_bytes(optimizers: Iterable[torch.optim.Optimizer]) -> int:
 
 def _fsdp_params(parts: Iterable[nn.Module]) -> list[Any]:
     """FSDP2's per-parameter state objects (private API: none if it moved)."""
-    out = []
+    out, seen = [], set()
     for part in parts:
         for module in part.modules():
             get_state = getattr(module, "_get_fsdp_state", None)
             if get_state is None:
                 continue
             try:
-                groups = getattr(get_state(), "_fsdp_param_groups", None) or []
+                state = get_state()
+                if id(state) in seen:  # fully_shard([norm, output]): the modules of one unit share one state
+                    continue
+                seen.add(id(state))
+                groups = getattr(state, "_fsdp_param_groups", None) or []
                 out += [p for group in groups for p in group.fsdp_params]
             except (AttributeError, RuntimeError):
                 continue

@@ -103,11 +103,12 @@ class StageParams:
     index: int
     layers: int
     block: Group  # one block
-    root: Group  # embedding / final norm / head held on this stage
+    root: Group  # final norm / head held on this stage (and a tied embedding, which shares the head's unit)
+    embedding: Group = Group()  # an untied embedding: an FSDP unit of its own, resharded after forward
 
     @property
     def total(self) -> Group:
-        return self.block.times(self.layers) + self.root
+        return self.block.times(self.layers) + self.root + self.embedding
 
 
 @lru_cache(maxsize=1024)
@@ -142,13 +143,15 @@ def _rank_stages(spec: ModelSpec, tp: int, pp: int, num_stages: int, indices: tu
     out = []
     for s in indices:
         root: tuple[Tensor, ...] = ()
-        if s == 0:
-            root += tuple(spec.embedding_tensors())
+        embedding = tuple(spec.embedding_tensors()) if s == 0 else ()
         if s == num_stages - 1:
             root += tuple(spec.head_tensors())
             if spec.tie_embeddings and num_stages > 1:  # a pipelined tied head: the last stage keeps its own copy
                 root += (Tensor("output.weight", (spec.vocab_size, spec.dim), 0, True),)
-        out.append(StageParams(s, sizes[s], block, _group(root, tp, tp_rank, shard, shard_rank)))
+            elif spec.tie_embeddings:  # one tied parameter, one FSDP unit (distributed/data_parallel.py)
+                root, embedding = embedding + root, ()
+        out.append(StageParams(s, sizes[s], block, _group(root, tp, tp_rank, shard, shard_rank),
+                               _group(embedding, tp, tp_rank, shard, shard_rank)))
     return tuple(out)
 
 
@@ -212,12 +215,14 @@ def buffer_bytes(spec: ModelSpec, layout: Layout, training: Training, stages: li
         pb = cb  # FSDP2 gathers in the mixed-precision param dtype (fp32 when training in fp32)
         unit = stages[0].block.unsharded
         root = sum(st.root.unsharded for st in stages)
+        embedding = sum(st.embedding.unsharded for st in stages)
         if layout.pp > 1 or layout.sharding == "zero2":
             gathered = held.unsharded  # nothing is resharded until the step ends
-        else:  # the root stays gathered; one block in use, the next prefetched (and the last block kept)
-            gathered = root + 2 * unit
+        else:  # the head stays gathered from its forward to its backward, the embedding only while in use;
+            # one block in use, the next prefetched (and the last block kept)
+            gathered = max(root, embedding) + 2 * unit
         out["buffer:fsdp_gathered_params"] = pb * gathered
-        out["buffer:fsdp_reduce_scatter"] = 4.0 * max(unit, root)
+        out["buffer:fsdp_reduce_scatter"] = 4.0 * max(unit, root, embedding)
         if layout.pp > 1:
             # torch's pipeline stages defer FSDP's reduce-scatter to the schedule's end: each stage's unsharded
             # fp32 gradients accumulate over the micro-batches (without pipelining meshlm reduce-scatters every
