@@ -101,7 +101,36 @@ class _Order:
         self._permutations.clear()
 
 
-class SFTLoader:
+class _OrderedLoader:
+    """What every post-training loader shares: the sample order (``_order``, an :class:`_Order`), iteration,
+    reset and the JSON state. Subclasses set ``_order`` and define ``next_batch``."""
+
+    _order: _Order
+
+    @property
+    def samples_consumed(self) -> int:
+        return self._order.samples_consumed
+
+    def next_batch(self):
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self._order.samples_consumed = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next_batch()
+
+    def state_dict(self) -> dict:
+        return self._order.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._order.load_state_dict(state)
+
+
+class SFTLoader(_OrderedLoader):
     """Batches of packed (or padded, one row each) sequences of ``seq_len`` positions."""
 
     def __init__(self, examples: Sequence[Encoded], seq_len: int, global_batch_size: int, *, pad_id: int,
@@ -120,32 +149,13 @@ class SFTLoader:
     def num_sequences(self) -> int:
         return len(self.bins)
 
-    @property
-    def samples_consumed(self) -> int:
-        return self._order.samples_consumed
-
     def next_batch(self) -> dict[str, torch.Tensor]:
         items = self._order.next_items()
         seqs = [build_sequence(self.examples, self.bins[i], self.seq_len, self.pad_id) for i in items]
         return {k: torch.from_numpy(np.stack([s[k] for s in seqs])) for k in SEQUENCE_KEYS}  # (B, T) each
 
-    def reset(self) -> None:
-        self._order.samples_consumed = 0
 
-    def __iter__(self) -> SFTLoader:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        return self.next_batch()
-
-    def state_dict(self) -> dict:
-        return self._order.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self._order.load_state_dict(state)
-
-
-class PreferenceLoader:
+class PreferenceLoader(_OrderedLoader):
     """Batches of chosen/rejected pairs (module docstring for the layout)."""
 
     def __init__(self, pairs: Sequence[PreferencePair], seq_len: int, global_batch_size: int, *, pad_id: int,
@@ -158,10 +168,6 @@ class PreferenceLoader:
         sides = [e for p in self.pairs for e in (p.chosen, p.rejected)]
         self._order = _Order("preference", len(self.pairs), _fingerprint(sides, "preference"), seq_len,
                              global_batch_size, dp_rank, dp_size, seed, shuffle)
-
-    @property
-    def samples_consumed(self) -> int:
-        return self._order.samples_consumed
 
     def next_batch(self) -> dict[str, torch.Tensor]:
         return self.batch_for(self._order.next_items())
@@ -190,23 +196,8 @@ class PreferenceLoader:
         out["index"] = torch.tensor(list(items) * 2, dtype=torch.long)  # (2B,) each row's pair number
         return out
 
-    def reset(self) -> None:
-        self._order.samples_consumed = 0
 
-    def __iter__(self) -> PreferenceLoader:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        return self.next_batch()
-
-    def state_dict(self) -> dict:
-        return self._order.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self._order.load_state_dict(state)
-
-
-class PromptLoader:
+class PromptLoader(_OrderedLoader):
     """Batches of prompts to generate from (module docstring for the layout)."""
 
     def __init__(self, prompts: Sequence[Sequence[int]], global_batch_size: int, *,
@@ -224,29 +215,10 @@ class PromptLoader:
         self._order = _Order("prompt", len(self.prompts), _fingerprint(sides, "prompt"), max_prompt_tokens,
                              global_batch_size, dp_rank, dp_size, seed, shuffle)
 
-    @property
-    def samples_consumed(self) -> int:
-        return self._order.samples_consumed
-
     def next_batch(self) -> dict[str, list]:
         items = self._order.next_items()
         return {"prompt_ids": [list(self.prompts[i]) for i in items], "extra": [self.extras[i] for i in items],
                 "index": items}
-
-    def reset(self) -> None:
-        self._order.samples_consumed = 0
-
-    def __iter__(self) -> PromptLoader:
-        return self
-
-    def __next__(self) -> dict[str, list]:
-        return self.next_batch()
-
-    def state_dict(self) -> dict:
-        return self._order.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self._order.load_state_dict(state)
 
 
 def _fingerprint(examples: Sequence[Encoded], tag: str) -> str:
