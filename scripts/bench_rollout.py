@@ -29,17 +29,10 @@ from meshlm.models import build_model, flavor_config
 
 def hf_twin(model: torch.nn.Module):
     """transformers' LlamaForCausalLM holding ``model``'s weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from meshlm.interop.hf_config import transformers_model
 
     cfg = model.cfg
-    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_hidden_dim,
-                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                         num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.resolved_head_dim,
-                         max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-                         rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings,
-                         attention_bias=cfg.qkv_bias)
-    hf_cfg._attn_implementation = "sdpa"
-    twin = LlamaForCausalLM(hf_cfg)
+    twin = transformers_model(cfg)
     state = {hf_name(k): v for k, v in model.state_dict().items() if not (cfg.tie_embeddings and k == "output.weight")}
     missing, unexpected = twin.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in k or (cfg.tie_embeddings and k == "lm_head.weight") for k in missing)

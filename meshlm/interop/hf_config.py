@@ -215,3 +215,14 @@ def hf_config_from_model(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int
         if arch == "Qwen3ForCausalLM":
             out.update(attention_bias=False)
     return out
+
+
+def transformers_model(cfg: ModelConfig):
+    """An untrained transformers model with meshlm's architecture and shapes (the config.json export writes),
+    sdpa attention — the in-process reference of the benchmarks. Needs the transformers package."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = hf_config_from_model(cfg, None, None, None)
+    fields.pop("architectures")
+    hf_cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    return AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa")

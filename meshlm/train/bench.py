@@ -100,22 +100,17 @@ def _meshlm_step(cfg: ModelConfig, data: dict, compile: bool, precision: str,
 
 
 def _hf_step(cfg: ModelConfig, data: dict, compile: bool, precision: str, dev: torch.device) -> Callable[[], None]:
-    """The same dimensions through transformers' LlamaForCausalLM, same optimizer and loss, same process."""
+    """The same architecture and dimensions in transformers (LlamaForCausalLM for the Llama flavours), same optimizer
+    and loss, same process."""
     from meshlm.errors import ConfigError
+    from meshlm.interop.hf_config import transformers_model
 
     try:
-        from transformers import LlamaConfig, LlamaForCausalLM
+        import transformers  # noqa: F401
     except ImportError:
         raise ConfigError("--compare-hf needs the transformers package (pip install transformers)") from None
-    hf_cfg = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_hidden_dim,
-                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                         num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.resolved_head_dim,
-                         max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-                         rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings,
-                         attention_bias=cfg.qkv_bias)
-    hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = LlamaForCausalLM(hf_cfg).to(dev)
+    model = transformers_model(cfg).to(dev)
     if compile:
         model.compile()  # whole model: compiling HF's layers one by one recompiles per layer index
 
