@@ -205,15 +205,15 @@ class Engine:
         """
         params = [p for part in parts for p in part.parameters() if p.grad is not None]
         _replicate_partial_grads(params)
-        if grad_scale != 1.0:
-            for p in params:
-                p.grad.mul_(grad_scale)
-        # Group by mesh: FSDP-only and FSDP+TP parameters live on different meshes, and a norm over a mixed
-        # list cannot be computed as one DTensor op.
+        # Group by mesh: FSDP-only and FSDP+TP parameters live on different meshes, and neither a norm nor a
+        # foreach op can take a mixed list.
         groups: dict[object, list[torch.Tensor]] = {}
         for p in params:
             key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
             groups.setdefault(key, []).append(p.grad)
+        if grad_scale != 1.0:  # fp16: unscale
+            for grads in groups.values():
+                torch._foreach_mul_(grads, grad_scale)
         norm_sq = torch.zeros((), dtype=torch.float64, device=self.device)
         duplicates = self.tied.duplicate_grads() if self.tied is not None else set()  # a tied matrix counts once
         for all_grads in groups.values():
