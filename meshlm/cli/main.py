@@ -19,13 +19,29 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override one config key (repeatable), e.g. --set training.steps=10")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from meshlm.cli import bench, config_cmd, convert, demo, diagnose, generate, inspect, plan, plot, prepare, train
+# Every module of meshlm.cli with a ``register(sub, add_config_args)`` function is a command (or a group of
+# them); the rest (main, jsonout, ...) are helpers. Adding a command is adding a module.
+def command_modules() -> list:
+    import importlib
+    import pkgutil
 
-    parser = argparse.ArgumentParser(prog="meshlm", description="Train, inspect and sample Llama-family models "
-                                     "on PyTorch's distributed engine.")
+    import meshlm.cli
+
+    modules = []
+    for info in sorted(pkgutil.iter_modules(meshlm.cli.__path__), key=lambda i: i.name):
+        if info.name in ("main", "jsonout") or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"meshlm.cli.{info.name}")
+        if callable(getattr(module, "register", None)):
+            modules.append(module)
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshlm", description="Train, align, evaluate and serve Llama-family "
+                                     "models on PyTorch's distributed engine.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (prepare, train, generate, inspect, convert, plot, plan, config_cmd, bench, diagnose, demo):
+    for module in command_modules():
         module.register(sub, _add_config_args)
     return parser
 
