@@ -1,0 +1,1 @@
+"""Serving: OpenAI-compatible server, model registry, staged rollout, gateway, sanitized audit log."""
