@@ -1,0 +1,1 @@
+"""Safety alignment: behaviour spec, data synthesis, judges, red teaming, evaluation and the align pipeline."""
