@@ -69,9 +69,20 @@ class SequenceLoader:
         """Back to the first batch (evaluation reads the same batches every time)."""
         self.samples_consumed = 0
 
+    def batch_samples(self, samples_consumed: int | None = None) -> range:
+        """The global sample numbers this rank reads in the batch that starts at ``samples_consumed`` (default:
+        the next batch); ``window_of`` maps each to the window read. ``meshlm diagnose parity`` proves with these
+        that the ranks' shards are disjoint and cover the data."""
+        consumed = self.samples_consumed if samples_consumed is None else samples_consumed
+        first = consumed + self.dp_rank * self.local_batch_size
+        return range(first, first + self.local_batch_size)
+
+    def window_of(self, sample: int) -> int:
+        """The window (index into the split's windows) that global sample ``sample`` reads."""
+        return self._window(sample)
+
     def next_batch(self) -> dict[str, torch.Tensor]:
-        first = self.samples_consumed + self.dp_rank * self.local_batch_size
-        starts = [self._window(g) * self.seq_len for g in range(first, first + self.local_batch_size)]
+        starts = [self.window_of(g) * self.seq_len for g in self.batch_samples()]
         windows = np.stack([self._tokens.read(s, self.seq_len + 1) for s in starts]).astype(np.int64)  # (B, T + 1)
         self.samples_consumed += self.global_batch_size
         batch = torch.from_numpy(windows)
