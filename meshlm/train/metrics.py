@@ -77,6 +77,29 @@ class IntervalMemory:
             return False
 
 
+def gather_rank_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's ``values`` (one all-gather of a few floats; the ranks call it at the same log steps), in rank
+    order; ``[values]`` without a process group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    out = torch.empty(dist.get_world_size() * len(values), dtype=torch.float64, device=device)
+    dist.all_gather_into_tensor(out, mine)
+    return out.view(dist.get_world_size(), len(values)).tolist()
+
+
+def optimizer_time_from_profile(prof) -> float:
+    """Seconds in ``optimizer.step()`` during a profiled region (torch.optim labels each step
+    ``Optimizer.step#<class>.step``): host time on CPU, kernel time on GPUs."""
+    total_us = 0.0
+    for event in prof.events():
+        if event.name.startswith("Optimizer.step#"):
+            total_us += event.device_time_total or event.cpu_time_total
+    return total_us / 1e6
+
+
 def truncate_metrics(path: Path, after_step: int) -> None:
     """Drop records past ``after_step`` (logged by a run that crashed before its next checkpoint)."""
     if not path.is_file():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_
 from meshlm.distributed.comm import CommCounter, comm_time_from_profile, silence_stderr
 from meshlm.distributed.engine import Engine, local_value
 from meshlm.distributed.rank0 import checked_on_rank0
+from meshlm.doctor.oom import is_out_of_memory, training_oom_error
+from meshlm.doctor.parity_checks import ParityProbe
 from meshlm.errors import ConfigError, DataError
 from meshlm.models import meta_model
 from meshlm.objectives import build_objective
@@ -30,11 +33,13 @@ from meshlm.planner.measure import MemoryProbe
 from meshlm.planner.runlog import PlanLog
 from meshlm.train.determinism import configure_determinism
 from meshlm.train.flops import model_flops_per_token, peak_flops
-from meshlm.train.metrics import IntervalMemory, MetricsLogger
+from meshlm.train.metrics import IntervalMemory, MetricsLogger, gather_rank_floats, optimizer_time_from_profile
 from meshlm.train.optim import build_optimizer
 from meshlm.train.posttrain_hooks import ObjectiveHooks
 from meshlm.train.precision import DynamicLossScaler, autocast
 from meshlm.train.schedule import lr_at
+
+PROFILE_ENV = "MESHLM_PROFILE"  # 1: profile sampled steps on one device too; a folder: also keep chrome traces
 
 
 def resolve_device(name: str) -> torch.device:
@@ -118,6 +123,8 @@ class Trainer:
         self.comm_stats: dict[str, Any] = {}
         # MESHLM_MEASURE_MEMORY=1: the measured step also counts memory, written per rank (meshlm/planner/measure.py)
         self.memory_probe = MemoryProbe.from_env(self)
+        self.parity_probe = ParityProbe.from_env(self)  # MESHLM_PARITY_PROBE=1: `diagnose parity`'s checks
+        self._data_wait_s = 0.0  # host seconds spent getting batches in the current logging window
 
     @property
     def model(self) -> torch.nn.Module:
@@ -186,7 +193,10 @@ class Trainer:
         last = min(tc.steps, self.stop_at) if self.stop_at else tc.steps
         warmup = self.memory_probe.warmup_steps if self.memory_probe else 2
         # Communication is sampled: the process's 2nd step, then every metrics.comm_sample_interval steps
-        first_sample = self.step + warmup if self.engine.dims.world_size > 1 or self.memory_probe else None
+        # MESHLM_PROFILE=1 (`meshlm diagnose slow --profile`) samples single-device runs too
+        profiled = os.environ.get(PROFILE_ENV, "") not in ("", "0")
+        first_sample = (self.step + warmup if self.engine.dims.world_size > 1 or self.memory_probe or profiled
+                        else None)
         self.memory = IntervalMemory(self.device)  # memory_gib: the peak of each logging interval from here on
         logger = MetricsLogger(self.run_dir, mc, tc.steps, self.step, rank=self.rank)
         logger.message(self.describe())
@@ -199,7 +209,12 @@ class Trainer:
                 # Sampled steps run instrumented (collectives counted, profiler on); their overhead is part of
                 # that window's throughput.
                 sampled = self._comm_sample_due(self.step + 1, first_sample)
-                record = self._measured_step(self.step + 1 == first_sample) if sampled else self.train_step()
+                try:
+                    record = self._measured_step(self.step + 1 == first_sample) if sampled else self.train_step()
+                except RuntimeError as exc:  # torch.OutOfMemoryError, or the CPU allocator's failure
+                    if not is_out_of_memory(exc):
+                        raise
+                    raise training_oom_error(self, exc) from None  # names `meshlm diagnose oom`, no traceback
                 window_time += time.perf_counter() - start
                 window_tokens += record.pop("tokens")
                 window_steps += 1
@@ -234,7 +249,9 @@ class Trainer:
         that :func:`host_values` reads in one go at log steps). The one exception is fp16, whose loss scaler reads
         the grad norm's finiteness once per optimizer step to decide whether to skip it."""
         tc, engine = self.cfg.training, self.engine
+        fetch_start = time.perf_counter()
         batch = {k: v.to(self.device) for k, v in self.hooks.next_batch(self.train_loader).items()}
+        self._data_wait_s += time.perf_counter() - fetch_start  # host time to get the batch (diagnose slow)
         global_tokens = engine.dp_sum(self.objective.num_loss_tokens(batch))  # () float64 on the device
         loss_scale = self.scaler.scale if self.scaler else 1.0
         # d(loss_sum · scale)/dθ summed over micro-batches (and averaged over data-parallel ranks by FSDP/DDP,
@@ -306,8 +323,13 @@ class Trainer:
         finally:
             with silence_stderr():
                 prof.stop()
-        self.comm_stats = {**counter.summary(), "comm_share": min(comm_time_from_profile(prof) / seconds, 1.0),
-                           "comm_measured_step": self.step}
+        comm_s = comm_time_from_profile(prof)
+        self.comm_stats = {**counter.summary(), "comm_share": min(comm_s / seconds, 1.0),
+                           "comm_measured_step": self.step, "measured_step_s": seconds, "comm_s": comm_s,
+                           "optimizer_s": optimizer_time_from_profile(prof)}
+        trace_dir = os.environ.get(PROFILE_ENV, "")
+        if trace_dir not in ("", "0", "1"):  # a folder: keep the chrome trace of every profiled step
+            prof.export_chrome_trace(str(Path(trace_dir) / f"trace.rank{self.rank}.step{self.step}.json"))
         if probe is not None:
             probe.write(self.run_dir, self.comm_stats)
         return record
@@ -337,9 +359,17 @@ class Trainer:
         record, tokens = host_values(record), float(tokens)  # the log step is where device values are read
         tokens_per_s = tokens / seconds if seconds > 0 else float("nan")
         mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.engine.dims.world_size)
+        data_wait, self._data_wait_s = self._data_wait_s / steps, 0.0
+        # Every rank's own timings, one all-gather of a few floats per log step: stragglers show here, not in
+        # rank 0's step time (synchronous ranks all wait for the slowest)
+        stats = self.comm_stats
+        per_rank = gather_rank_floats([seconds / steps, data_wait, stats.get("measured_step_s", 0.0),
+                                       stats.get("comm_s", 0.0), stats.get("optimizer_s", 0.0)], self.device)
+        names = ("step_time_s", "data_wait_s", "measured_step_s", "comm_s", "optimizer_s")
         return {**record, "tokens_per_s": tokens_per_s, "mfu": mfu, "tokens_seen": self.tokens_seen,
-                "step_time_s": seconds / steps, "memory_gib": self.memory.read_and_reset(),
-                "memory_kind": self.memory.kind, **self.comm_stats}
+                "step_time_s": seconds / steps, "data_wait_s": data_wait, "memory_gib": self.memory.read_and_reset(),
+                "memory_kind": self.memory.kind, **stats,
+                "per_rank": {name: [r[i] for r in per_rank] for i, name in enumerate(names)}}
 
     def save(self) -> Path:
         state = {"tokens_seen": self.tokens_seen, "loader": self.train_loader.state_dict(),

@@ -1,0 +1,1 @@
+"""The troubleshooting doctor: ``meshlm diagnose oom | slow | parity`` (docs/troubleshooting.md)."""
