@@ -1,0 +1,74 @@
+"""Batched chat generation from a meshlm checkpoint, for evaluation (``generate(prompts) -> responses``).
+
+Each prompt becomes a one-turn conversation (an optional system message, then the user's prompt) rendered by
+the checkpoint's chat template (meshlm's own, or the Hugging Face template of a converted model), left-padded
+and decoded together with one KV cache by :func:`meshlm.generate.rollout.rollout`. Decoding stops at the
+tokenizer's eos, the chat template's ``<|end|>`` and any extra eos ids of a converted checkpoint. A prompt too
+long for ``model.max_seq_len − max_new_tokens`` keeps its end (the generation prompt), as the post-training
+truncation rule does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from meshlm.errors import CheckpointError, ConfigError
+
+
+class CheckpointGenerator:
+    def __init__(self, path: str | Path, *, max_new_tokens: int = 128, device: str = "cpu",
+                 system: str | None = None, greedy: bool = True, temperature: float = 1.0, seed: int = 0) -> None:
+        from meshlm.checkpoint.load import model_from_checkpoint
+        from meshlm.data.posttrain import RowEncoder, pad_id_for
+        from meshlm.generate.rollout import SamplingConfig
+        from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
+        from meshlm.tokenizer import MeshTokenizer
+
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.model, cfg, _, self.checkpoint = model_from_checkpoint(path, device)
+        if cfg.training.objective == "reward":
+            raise CheckpointError(f"{self.checkpoint} is a reward model (a score head): it cannot generate; pass a "
+                                  "policy checkpoint")
+        self.tokenizer = MeshTokenizer.load(self.checkpoint / "tokenizer.json")
+        self.template = RowEncoder(self.tokenizer, self.checkpoint).template
+        eos = set(checkpoint_eos_ids(self.checkpoint, self.tokenizer.eos_id))
+        end = self.tokenizer.special_ids.get("<|end|>")
+        if end is not None:
+            eos.add(end)
+        self.sampling = SamplingConfig(max_new_tokens, tuple(sorted(eos)), pad_id_for(self.tokenizer),
+                                       temperature=temperature, greedy=greedy,
+                                       vocab_limit=self.tokenizer.vocab_size)
+        self.sampling.validate()
+        self.max_prompt = cfg.model.max_seq_len - max_new_tokens
+        if self.max_prompt < 1:
+            raise ConfigError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in model.max_seq_len "
+                              f"{cfg.model.max_seq_len}; lower it")
+        self.system, self.device = system, device
+        self.generator = None if greedy else torch.Generator(device).manual_seed(seed)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + \
+                   [{"role": "user", "content": prompt}]
+        ids = self.template.encode_prompt(messages)
+        return ids if len(ids) <= self.max_prompt else ids[-self.max_prompt:]
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        from meshlm.generate.rollout import rollout
+
+        if not prompts:
+            return []
+        encoded = [self.prompt_ids(p) for p in prompts]
+        # Batch rows of similar length together: less padding, and the batch's outputs do not depend on order.
+        order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+        result = rollout(self.model, [encoded[i] for i in order], self.sampling, generator=self.generator,
+                         device=self.device)
+        eos = set(self.sampling.eos_ids)
+        texts: list[str] = [""] * len(prompts)
+        for row, index in enumerate(order):
+            ids = result.response_ids[row][result.response_mask[row]].tolist()
+            ids = [t for t in ids if t not in eos]
+            texts[index] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        return texts
