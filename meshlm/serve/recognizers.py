@@ -1,0 +1,200 @@
+"""Recognisers for the structured PII types: a regular expression proposes a candidate, a validator confirms it.
+
+Validators are what keep look-alikes out: Luhn and issuer prefixes for cards, ISO 13616 length and mod-97 for
+IBANs, the SSA's area/group/serial rules for SSNs, :mod:`ipaddress` for IPs (and no "version" nearby), digit
+counts and date shapes for phones, entropy and character classes for keys. Each recogniser yields
+``(start, end, type)`` spans; :mod:`meshlm.serve.sanitize` resolves overlaps and replaces them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections import Counter
+from typing import Iterator
+
+Span = tuple[int, int, str]
+
+# ----------------------------------------------------------------------------------------------------- email
+_EMAIL = re.compile(
+    r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,24}\b")
+_EMAIL_SPELLED = re.compile(  # "jane.doe [at] example [dot] com"
+    r"\b[\w.+-]+\s*[\[(<{]\s*at\s*[\])>}]\s*[\w-]+(?:\s*(?:[\[(<{]\s*dot\s*[\])>}]|\.)\s*[\w-]+)+", re.I)
+
+
+def emails(text: str) -> Iterator[Span]:
+    for rx in (_EMAIL, _EMAIL_SPELLED):
+        for m in rx.finditer(text):
+            yield m.start(), m.end(), "EMAIL"
+
+
+# ----------------------------------------------------------------------------------------------- credit card
+_CARD = re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-]|\.\d)")
+
+
+def luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _card_issuer_ok(digits: str) -> bool:
+    """Visa, Mastercard (51-55, 2221-2720), Amex, Discover, Diners, JCB, UnionPay, Maestro prefixes and lengths."""
+    n, p2, p4 = len(digits), int(digits[:2]), int(digits[:4])
+    if digits[0] == "4":
+        return n in (13, 16, 19)
+    if 51 <= p2 <= 55 or 2221 <= p4 <= 2720:
+        return n == 16
+    if p2 in (34, 37):
+        return n == 15
+    if p2 in (36, 38, 39) or 300 <= int(digits[:3]) <= 305:
+        return 14 <= n <= 19
+    if digits.startswith(("6011", "65", "62")) or 644 <= int(digits[:3]) <= 649 or 3528 <= p4 <= 3589:
+        return 16 <= n <= 19
+    return p2 in (50, 56, 57, 58, 63, 67) and 12 <= n <= 19  # Maestro
+
+
+def credit_cards(text: str) -> Iterator[Span]:
+    for m in _CARD.finditer(text):
+        raw = m.group()
+        groups = re.split(r"[ -]", raw)
+        if len(groups) > 1 and len(set(re.findall(r"[ -]", raw))) > 1:
+            continue  # mixed separators: not how card numbers are written
+        digits = "".join(groups)
+        if 13 <= len(digits) <= 19 and _card_issuer_ok(digits) and luhn_ok(digits) and len(set(digits)) > 1:
+            yield m.start(), m.end(), "CREDIT_CARD"
+
+
+# ------------------------------------------------------------------------------------------------------ IBAN
+# ISO 13616 lengths per country (the registry's published table).
+_IBAN_LENGTHS = {
+    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29, "BY": 28,
+    "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24, "FI": 18,
+    "FO": 18, "FR": 27, "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HR": 21, "HU": 28, "IE": 22,
+    "IL": 23, "IQ": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LC": 32, "LI": 21, "LT": 20,
+    "LU": 20, "LV": 21, "LY": 25, "MC": 27, "MD": 24, "ME": 22, "MK": 19, "MR": 27, "MT": 31, "MU": 30, "NL": 18,
+    "NO": 15, "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "SA": 24, "SC": 31, "SD": 18,
+    "SE": 24, "SI": 19, "SK": 24, "SM": 27, "ST": 25, "SV": 28, "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22,
+    "VG": 24, "XK": 20,
+}
+_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,7}(?:[ -]?[A-Z0-9]{1,3})?\b", re.I)
+
+
+def iban_ok(compact: str) -> bool:
+    compact = compact.upper()
+    if _IBAN_LENGTHS.get(compact[:2]) != len(compact):
+        return False
+    rearranged = compact[4:] + compact[:4]
+    return int("".join(str(int(ch, 36)) for ch in rearranged)) % 97 == 1
+
+
+def ibans(text: str) -> Iterator[Span]:
+    for m in _IBAN.finditer(text):
+        raw = m.group()
+        # The greedy match may run into the next word's first group: try shorter prefixes of groups as well.
+        parts = re.split(r"([ -])", raw)
+        for stop in range(len(parts), 0, -2):
+            candidate = "".join(parts[:stop])
+            if iban_ok(re.sub(r"[ -]", "", candidate)):
+                yield m.start(), m.start() + len(candidate), "IBAN"
+                break
+
+
+# ------------------------------------------------------------------------------------------------ IP address
+_IPV4 = re.compile(r"(?<![\w.-])(?:\d{1,3}\.){3}\d{1,3}(?:/\d{1,2})?(?![\w-]|\.\d)")
+_IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?"
+                   r"(?:%[\w]+)?(?:/\d{1,3})?(?![\w:])")
+_VERSION_CONTEXT = re.compile(r"(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|\brev(?:ision)?|\bpython|\bnode|"
+                              r"\bjava|\bpackage|\bsdk|\bfirmware|\bpatch|\bupgrade[ds]?\s+to|==|>=|<=|~=|@)\s*$",
+                              re.I)
+
+
+def ip_addresses(text: str) -> Iterator[Span]:
+    for m in _IPV4.finditer(text):
+        address = m.group().split("/")[0]
+        try:
+            ipaddress.IPv4Address(address)
+        except ValueError:
+            continue
+        if _VERSION_CONTEXT.search(text[max(0, m.start() - 24):m.start()]):
+            continue  # "version 1.2.3.4", "v10.0.0.1", "pkg==2.0.1.0"
+        yield m.start(), m.end(), "IP_ADDRESS"
+    for m in _IPV6.finditer(text):
+        address = m.group().split("/")[0].split("%")[0]
+        groups = [g for g in re.split(r":", address) if g]
+        if len(groups) < 2 or not any(ch.isdigit() for ch in address):
+            continue  # "::" alone, "std::vector"-like words
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            continue
+        yield m.start(), m.end(), "IP_ADDRESS"
+
+
+# ----------------------------------------------------------------------------------------------------- US SSN
+_SSN = re.compile(r"(?<![\w-])(\d{3})([- ]?)(\d{2})\2(\d{4})(?![\w-])")
+_SSN_CONTEXT = re.compile(r"\b(?:ssn|ss#|social\s+security(?:\s+(?:number|no\.?|#))?|taxpayer|tin)\b[^\n]{0,24}$",
+                          re.I)
+
+
+def ssn_ok(area: str, group: str, serial: str) -> bool:
+    """SSA rules: area 001-899 except 666, group 01-99, serial 0001-9999."""
+    a = int(area)
+    return 0 < a < 900 and a != 666 and group != "00" and serial != "0000"
+
+
+def us_ssns(text: str) -> Iterator[Span]:
+    for m in _SSN.finditer(text):
+        area, sep, group, serial = m.groups()
+        if not ssn_ok(area, group, serial):
+            continue
+        if not sep and not _SSN_CONTEXT.search(text[max(0, m.start() - 40):m.start()]):
+            continue  # nine bare digits are an SSN only when the text says so
+        yield m.start(), m.end(), "US_SSN"
+
+
+# ----------------------------------------------------------------------------------------------------- phone
+_SEP = r"[ .\-\u00a0]"
+_PHONE_INTL = re.compile(  # +44 20 7946 0958, +1 (415) 555-2671, +49-30-901820, 0049 30 901820
+    rf"(?<![\w+])(?:\+|00)[1-9]\d{{0,2}}{_SEP}?(?:\(0?\d{{1,4}}\){_SEP}?)?\d{{1,5}}(?:{_SEP}?\d{{1,5}}){{1,5}}"
+    r"(?:\s*(?:x|ext\.?|extension)\s*\d{1,5})?(?![\w+]|[.-]\d)", re.I)
+_PHONE_NANP = re.compile(  # (415) 555-2671, 415-555-2671, 415.555.2671, 1-800-555-0199
+    rf"(?<![\w+.-])(?:1{_SEP}?)?(?:\(\d{{3}}\){_SEP}?|\d{{3}}{_SEP})\d{{3}}{_SEP}\d{{4}}"
+    r"(?:\s*(?:x|ext\.?|extension)\s*\d{1,5})?(?![\w-]|\.\d)", re.I)
+_PHONE_NATIONAL = re.compile(  # 020 7946 0958, 07700 900123, 06 12 34 56 78, (030) 901820, 0412 345 678
+    rf"(?<![\w+.-])(?:\(0\d{{1,4}}\)|0\d{{1,4}}){_SEP}?\d{{2,4}}(?:{_SEP}?\d{{2,4}}){{1,3}}(?![\w-]|\.\d)")
+_PHONE_BARE = re.compile(  # 4155552671, 555-0143: only after a phone word
+    r"(?<![\w+.-])(?:\+?\d{7,13}|\d{3}[-. ]\d{4})(?![\w-]|\.\d)")
+_PHONE_CONTEXT = re.compile(r"\b(?:phone|tel|telephone|mobile|cell|cellphone|fax|call|text|sms|whatsapp|"
+                            r"reach\s+(?:me|us)|ring|contact|number|no\.|ph)\b[^\n\d]{0,20}$", re.I)
+_NOT_PHONE_CONTEXT = re.compile(r"(?:#|\b(?:order|invoice|ticket|tracking|ref(?:erence)?|case|po|sku|"
+                                r"serial|account|acct|isbn|id|model|part|batch|lot|build|version|v)\b)"
+                                r"[^\n\d]{0,6}$", re.I)
+_DATE_SHAPE = re.compile(r"^\d{1,4}[./-]\d{1,2}[./-]\d{1,4}$")
+
+
+def _phone_digits_ok(raw: str, low: int, high: int) -> bool:
+    digits = re.sub(r"\D", "", re.split(r"(?i)x|ext", raw)[0])
+    return low <= len(digits) <= high and len(set(digits)) > 2
+
+
+def phones(text: str) -> Iterator[Span]:
+    for m in _PHONE_INTL.finditer(text):
+        if _phone_digits_ok(m.group(), 8, 15):
+            yield m.start(), m.end(), "PHONE"
+    for rx, low, high in ((_PHONE_NANP, 10, 11), (_PHONE_NATIONAL, 9, 12)):
+        for m in rx.finditer(text):
+            raw = m.group()
+            if _DATE_SHAPE.match(raw) or not _phone_digits_ok(raw, low, high):
+                continue
+            if _NOT_PHONE_CONTEXT.search(text[max(0, m.start() - 24):m.start()]):
+                continue  # "order #415-555-2671", "ticket 020 7946 0958": identifiers, not phones
+            yield m.start(), m.end(), "PHONE"
+    for m in _PHONE_BARE.finditer(text):
+        if _PHONE_CONTEXT.search(text[max(0, m.start() - 32):m.start()]) and _phone_digits_ok(m.group(), 7, 13):
+            yield m.start(), m.end(), "PHONE"

@@ -1,0 +1,94 @@
+"""Secrets (API keys, tokens, passwords, private keys) and dates of birth.
+
+Keys are found three ways: vendor prefixes whose format is fixed (``sk-``, ``ghp_``, ``AKIA``, ``xoxb-``, ...);
+any value right after a secret word (``api_key=``, ``token:``, ``Bearer``, ``password is``) that looks random
+(mixed character classes or high entropy — so "the token count is 512" stays); and long random-looking tokens
+with upper case, lower case and digits anywhere. Git hashes (lower-case hex) and UUIDs are none of these.
+A date is a date of birth only next to birth words ("born", "DOB", "date of birth", "birthday").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Iterator
+
+Span = tuple[int, int, str]
+
+_VENDOR_KEYS = re.compile("|".join([
+    r"\bsk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?[A-Za-z0-9_-]{20,}",  # OpenAI, Anthropic
+    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}", r"\bgithub_pat_[A-Za-z0-9_]{40,}",  # GitHub
+    r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",  # AWS access key ids
+    r"\bxox[abposr]-[A-Za-z0-9-]{10,}", r"https://hooks\.slack\.com/services/[A-Za-z0-9/]+",  # Slack
+    r"\bAIza[0-9A-Za-z_-]{35}", r"\bya29\.[0-9A-Za-z_-]{20,}",  # Google
+    r"\bglpat-[A-Za-z0-9_-]{20,}", r"\bhf_[A-Za-z0-9]{30,}",  # GitLab, Hugging Face
+    r"\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{16,}", r"\bwhsec_[A-Za-z0-9]{24,}",  # Stripe
+    r"\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", r"\bnpm_[A-Za-z0-9]{36}", r"\bpypi-[A-Za-z0-9_-]{50,}",
+    r"\bdop_v1_[a-f0-9]{64}", r"\bshpat_[a-fA-F0-9]{32}", r"\bsq0atp-[A-Za-z0-9_-]{22}",
+    r"\bAC[a-f0-9]{32}\b", r"\bSK[a-f0-9]{32}\b",  # Twilio
+    r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
+    r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
+]))
+_SECRET_WORD = (r"(?:api[_ .-]?key|apikey|access[_ .-]?key(?:[_ .-]?id)?|secret(?:[_ .-]?(?:access[_ .-]?)?key)?|"
+                r"client[_ .-]?secret|(?:access|auth|api|bearer|refresh|session|bot|personal[_ .-]access)"
+                r"[_ .-]?token|token|private[_ .-]?key|passwd|password|passphrase|pwd|credentials?|x-api-key)")
+_AFTER_WORD = re.compile(  # api_key="...", token: ..., "password is hunter2!", Authorization: Bearer ...
+    rf"\b{_SECRET_WORD}[\"']?\s*(?:(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
+    r"(?P<value>[^\s\"'`,;<>)\]}]{6,})", re.I)
+_BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
+_URL_PASSWORD = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s:/@]+:(?P<value>[^\s@/]{3,})@", re.I)
+_RANDOM_TOKEN = re.compile(r"(?<![\w/+=.-])[A-Za-z0-9_\-+/=]{32,}(?![\w/+=-])")
+
+
+def entropy_bits(s: str) -> float:
+    counts = Counter(s)
+    return -sum(c / len(s) * math.log2(c / len(s)) for c in counts.values())
+
+
+def _classes(s: str) -> int:
+    return sum(bool(re.search(p, s)) for p in (r"[a-z]", r"[A-Z]", r"\d", r"[^A-Za-z0-9]"))
+
+
+def looks_secret(value: str) -> bool:
+    """A value after a secret word: not a plain word or number ("is", "count", "512", "expired")."""
+    if len(value) < 6 or value.isalpha() and (value.islower() or value.istitle()) or value.isdigit():
+        return False
+    return _classes(value) >= 2 or entropy_bits(value) >= 3.0
+
+
+def looks_random(token: str) -> bool:
+    """A free-standing token that only a machine writes: long, three character classes, high entropy."""
+    core = token.strip("=")
+    return (len(core) >= 32 and bool(re.search(r"[a-z]", core)) and bool(re.search(r"[A-Z]", core))
+            and bool(re.search(r"\d", core)) and entropy_bits(core) >= 4.0)
+
+
+def api_keys(text: str) -> Iterator[Span]:
+    for m in _VENDOR_KEYS.finditer(text):
+        yield m.start(), m.end(), "API_KEY"
+    for rx in (_AFTER_WORD, _BEARER, _URL_PASSWORD):
+        for m in rx.finditer(text):
+            value = m.group("value").rstrip(".!?:")
+            if rx is _URL_PASSWORD or looks_secret(value):
+                yield m.start("value"), m.start("value") + len(value), "API_KEY"
+    for m in _RANDOM_TOKEN.finditer(text):
+        if looks_random(m.group()):
+            yield m.start(), m.end(), "API_KEY"
+
+
+# ---------------------------------------------------------------------------------------------- date of birth
+_MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
+          r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?")
+_DAY = r"(?:[0-3]?\d)(?:st|nd|rd|th)?"
+_DATE = (rf"(?:\d{{4}}[-/.]\d{{1,2}}[-/.]\d{{1,2}}|\d{{1,2}}[-/.]\d{{1,2}}[-/.](?:\d{{4}}|\d{{2}})"
+         rf"|{_MONTH}\s+{_DAY},?\s+\d{{4}}|(?:the\s+)?{_DAY}\s+(?:of\s+)?{_MONTH},?\s+\d{{4}}"
+         rf"|{_MONTH}\s+{_DAY}(?!\s*,?\s*\d)|{_DAY}\s+(?:of\s+)?{_MONTH}(?!\s*,?\s*\d)|{_MONTH},?\s+\d{{4}})")
+_BIRTH_WORD = (r"(?:\bborn|\bbirth\s*date|\bbirthdate|\bdate\s+of\s+birth|\bD\.?O\.?B\b\.?|\bbirthday|"
+               r"\bb\.(?=\s*\d)|\bgeboren|\bné(?:e)?|\bnacid[oa])")
+_DOB = re.compile(rf"{_BIRTH_WORD}[^\n.;]{{0,24}}?(?P<date>{_DATE})\b", re.I)
+
+
+def dates_of_birth(text: str) -> Iterator[Span]:
+    for m in _DOB.finditer(text):
+        yield m.start("date"), m.end("date"), "DATE_OF_BIRTH"

@@ -1,0 +1,145 @@
+"""Person names and street addresses: context words, titles, sign-offs and shipped name lists.
+
+No model: a name is a run of capitalised words that (a) follows a context phrase ("my name is", "Dear",
+"signed", "Regards,\\n"), (b) follows a title ("Dr.", "Mrs"), or (c) starts with a known given name or ends with
+a known surname (:mod:`meshlm.serve.name_lists`). An address is a house number, street words and a street type
+("221B Baker Street", "1600 Pennsylvania Avenue NW, Washington, DC 20500"), a continental street
+("Hauptstraße 12", "Via Roma 10", "10 rue de Rivoli"), or a PO box.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+from meshlm.serve.name_lists import AMBIGUOUS_GIVEN, GIVEN_NAMES, SURNAMES
+
+Span = tuple[int, int, str]
+
+_WORD = re.compile(r"[^\W\d_][\w'’-]*")
+_PARTICLES = frozenset("van von de da del della der den di du dos das la le ter ten bin binti ibn al el y".split())
+# Capitalised words that start sentences or name things, never people, even after "I am" or "this is".
+_NOT_NAMES = frozenset("""
+I A An The This That These Those It Its We You He She They My Our Your His Her Their Me Us Him Them Here There
+Hi Hello Hey Dear Thanks Thank Regards Best Cheers Sincerely Yours Please Yes No Not Ok Okay Sure Sorry So And But Or
+If When What Why How Who Where Which Also Just Then Now Today Tomorrow Yesterday Monday Tuesday Wednesday Thursday
+Friday Saturday Sunday January February March April May June July August September October November December
+Mr Mrs Ms Miss Dr Prof Sir Madam Team All Everyone Customer Support Service Admin Manager User Street Avenue Road
+English French German Spanish Chinese Japanese American British Canadian Indian Python Java Linux Windows Google
+Microsoft Apple Amazon Github Slack OpenAI Llama Order Invoice Account Ticket Version Release Model Server Error
+Going Trying Working Looking Writing Calling Glad Happy Interested New Here Back Done Fine Good Great Available
+""".split())
+_STRONG_CONTEXT = re.compile(
+    r"(?:\b(?:my|his|her|their|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)\s+name\s+is|"
+    r"\bname\s*[:=]|\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|\bpatient:?|"
+    r"\bemployee:?|\bapplicant:?|\bsincerely,?|\bregards,?|\bcheers,?|\bthanks,?|\bbest,?|\bwishes,?|"
+    r"\bbeneficiary:?|\bcardholder:?|\baccount\s+holder:?)\s*$", re.I)
+_WEAK_CONTEXT = re.compile(
+    r"(?:\bI\s+am|\bI'm|\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|\bby|"
+    r"\bfrom|\bmeet|\bmet|\bhi|\bhello|\bhey|\band|\bfor|\bsaid|\btold|\bcalled\s+me)\s*,?\s*$", re.I)
+_TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Rev|Fr|Sr|Sra|Srta|Herr|Frau|"
+                    r"Mme|Mlle|M|Sheikh|Shri|Smt|Capt|Captain|Lt|Col|Gen|Sgt|Officer|Judge|Justice)\.?\s+$")
+
+
+def _is_cap(word: str) -> bool:
+    return word[0].isupper() and not word.isupper() or (len(word) == 1 and word.isupper())
+
+
+def _name_run(words: list[re.Match], i: int) -> int:
+    """Index after the run of capitalised words (with particles and initials inside) that starts at ``i``."""
+    j, last_cap = i, i
+    while j < len(words) and j - i < 5:
+        w = words[j].group()
+        gap = words[j].start() - words[j - 1].end() if j > i else 0
+        if j > i and (gap > 2 or words[j - 1].group().endswith("-") or "\n" in
+                      words[j - 1].string[words[j - 1].end():words[j].start()]):
+            break
+        sep = words[j].string[words[j - 1].end():words[j].start()] if j > i else ""
+        if j > i and sep.strip() not in ("", "."):
+            break
+        if _is_cap(w) and w not in _NOT_NAMES:
+            last_cap = j + 1
+        elif not (j > i and w.lower() in _PARTICLES):
+            break
+        j += 1
+    return last_cap
+
+
+def people(text: str) -> Iterator[Span]:
+    words = list(_WORD.finditer(text))
+    i = 0
+    while i < len(words):
+        w = words[i].group()
+        if not _is_cap(w) or w in _NOT_NAMES or len(w) < 2:
+            i += 1
+            continue
+        end = _name_run(words, i)
+        if end <= i:
+            i += 1
+            continue
+        run = [m.group().rstrip("'’-") for m in words[i:end]]
+        before = text[max(0, words[i].start() - 48):words[i].start()]
+        if _accept(run, before, sentence_start=_starts_sentence(text, words[i].start())):
+            start, stop = words[i].start(), words[end - 1].end()
+            yield start, stop - (len(words[end - 1].group()) - len(run[-1])), "PERSON"
+            i = end
+        else:
+            i += 1
+
+
+def _starts_sentence(text: str, pos: int) -> bool:
+    prefix = text[:pos].rstrip(" \t\"'(")
+    return not prefix or prefix[-1] in ".!?\n:;"
+
+
+def _accept(run: list[str], before: str, sentence_start: bool) -> bool:
+    first, last = run[0], run[-1]
+    if _STRONG_CONTEXT.search(before) or _TITLE.search(before):
+        return True
+    known_first = first in GIVEN_NAMES and first not in AMBIGUOUS_GIVEN
+    known_last = len(run) > 1 and last in SURNAMES
+    if len(run) > 1 and (first in GIVEN_NAMES or known_last):
+        return not (sentence_start and first in AMBIGUOUS_GIVEN and not known_last)
+    if known_first:
+        return True
+    if _WEAK_CONTEXT.search(before) and (first in GIVEN_NAMES or first in SURNAMES):
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------- street address
+_STREET_TYPES = (r"Street|St|Avenue|Ave|Av|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Place|Pl|Terrace|"
+                 r"Ter|Way|Parkway|Pkwy|Highway|Hwy|Circle|Cir|Square|Sq|Close|Crescent|Cres|Row|Trail|Trl|Alley|"
+                 r"Plaza|Path|Pike|Loop|Gardens|Grove|Mews|Walk|Hill|Heights|Park|Green|Rise|Vale|Wharf|Quay|"
+                 r"Embankment|Expressway|Freeway|Turnpike|Causeway|Point|Ridge|Run|Crossing|Commons")
+_DIRECTION = r"(?:N|S|E|W|NE|NW|SE|SW|North|South|East|West)\.?"
+_UNIT = r"(?i:,?\s*(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl|Room|Rm|Bldg|Building|#)\.?\s*#?[\w-]{1,6})"
+_CITY_TAIL = (r"(?:,\s*[A-Z][A-Za-z.'-]+(?:\s+[A-Z][A-Za-z.'-]+){0,2})?"  # , Springfield
+              r"(?:,?\s*(?:[A-Z]{1,2}\d[A-Z\d]?\s*\d[A-Z]{2}\b|[A-Z]\d[A-Z]\s?\d[A-Z]\d\b)"  # NW1 6XE, K1A 0B1
+              r"|(?:,?\s*[A-Z]{2}(?=[\s,]|$))?(?:,?\s*\d{5}(?:-\d{4})?\b)?)")  # , IL 62704
+_STREET_NAME_WORD = r"(?:[A-Z][\w'’.-]*|\d{1,3}(?:st|nd|rd|th)|[a-z][\w'’-]+)"
+_NUMBER_FIRST = re.compile(
+    rf"\b\d{{1,6}}[A-Za-z]?(?:[-/]\d{{1,5}})?,?\s+(?:{_DIRECTION}\s+)?(?P<name>(?:{_STREET_NAME_WORD}\s+){{1,4}}?)"
+    rf"(?i:{_STREET_TYPES})\b\.?(?:\s+{_DIRECTION}(?![\w]))?{_UNIT}?{_CITY_TAIL}")
+_CONTINENTAL = re.compile(
+    r"\b[A-ZÄÖÜ][\w'’-]*(?i:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|laan|straat|gracht|plein|"
+    r"vej|gade|gatan|gata|veien|vegen|katu|tie|utca|ulica)\s+\d{1,5}(?:\s?[a-z](?!\w))?\b"
+    r"|\b(?:Rue|Avenue|Boulevard|Bd|Place|Chemin|Allée|Impasse|Quai|Via|Viale|Piazza|Corso|Largo|Calle|Avenida|"
+    r"Av\.|Paseo|Plaza|Rua|Travessa|Carrer|Ulica|ul\.)\s+(?:(?:de|del|della|di|da|do|dos|das|la|le|les|des|du|"
+    r"d'|l')\s*)?(?:[A-ZÀ-Ý][\w'’.-]*\s*){1,3},?\s+\d{1,5}[a-z]?\b"
+    r"|\b\d{1,5}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|cours|route)\s+"
+    r"(?:(?:de\s+la|de|du|des|d'|l')\s*)?[A-ZÀ-Ý][\w'’-]*(?:\s+[A-ZÀ-Ý][\w'’-]*){0,3}")
+_PO_BOX = re.compile(r"\bP\.?\s?O\.?\s*Box\s+\d{1,8}\b|\bPost\s+Office\s+Box\s+\d{1,8}\b", re.I)
+_NOT_STREET_WORDS = frozenset("the a an to of my our your his her their this that on in at for and or down up "
+                              "more less than about around across along into over per each every".split())
+
+
+def street_addresses(text: str) -> Iterator[Span]:
+    for m in _NUMBER_FIRST.finditer(text):
+        name_words = m.group("name").split()
+        if any(w.lower() in _NOT_STREET_WORDS for w in name_words):
+            continue  # "5 blocks down the road", "3 of our drive"
+        yield m.start(), m.end(), "STREET_ADDRESS"
+    for rx in (_CONTINENTAL, _PO_BOX):
+        for m in rx.finditer(text):
+            yield m.start(), m.end(), "STREET_ADDRESS"
