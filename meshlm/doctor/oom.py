@@ -129,11 +129,15 @@ def remedies(spec, hw, training, base, headroom: float) -> tuple[Any, list[Remed
 
     current = ev(base)
     out: list[Remedy] = []
+    # each remedy's variants use it (with the earlier ones as needed): its row shows what it achieves
     micro = _micro_variants(base, training)
-    out.append(Remedy(REMEDIES[0], "", _best([ev(lay) for lay in micro]), len(micro) > 1))
+    smaller = [lay for lay in micro if lay != base]
+    out.append(Remedy(REMEDIES[0], "" if smaller else "the micro-batch is already one sequence",
+                      _best([ev(lay) for lay in smaller]), bool(smaller)))
     checkpointed = [a for lay in micro for a in _ac_variants(lay)]
-    out.append(Remedy(REMEDIES[1], "", _best([ev(lay) for lay in checkpointed]),
-                      base.activation_checkpointing != "full"))
+    more_ac = [lay for lay in checkpointed if lay.activation_checkpointing != base.activation_checkpointing]
+    out.append(Remedy(REMEDIES[1], "" if more_ac else "already full activation checkpointing",
+                      _best([ev(lay) for lay in more_ac]), bool(more_ac)))
     if base.dp > 1:
         sharded = [replace(lay, dp_replicate=1, dp_shard=base.dp, sharding=sharding)
                    for lay in checkpointed for sharding in ("zero3", "zero2")]

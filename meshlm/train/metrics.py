@@ -85,9 +85,9 @@ def gather_rank_floats(values: list[float], device: torch.device) -> list[list[f
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [list(values)]
     mine = torch.tensor(values, dtype=torch.float64, device=device)
-    out = torch.empty(dist.get_world_size() * len(values), dtype=torch.float64, device=device)
-    dist.all_gather_into_tensor(out, mine)
-    return out.view(dist.get_world_size(), len(values)).tolist()
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return torch.stack(out).tolist()
 
 
 def optimizer_time_from_profile(prof) -> float:
