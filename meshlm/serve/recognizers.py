@@ -19,8 +19,10 @@ Span = tuple[int, int, str]
 # ----------------------------------------------------------------------------------------------------- email
 _EMAIL = re.compile(
     r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,24}\b")
-_EMAIL_SPELLED = re.compile(  # "jane.doe [at] example [dot] com"
-    r"\b[\w.+-]+\s*[\[(<{]\s*at\s*[\])>}]\s*[\w-]+(?:\s*(?:[\[(<{]\s*dot\s*[\])>}]|\.)\s*[\w-]+)+", re.I)
+_AT = r"(?:\s*[\[(<{]\s*at\s*[\])>}]\s*|\s+at\s+)"
+_DOT = r"(?:\s*[\[(<{]\s*dot\s*[\])>}]\s*|\s+dot\s+)"
+_EMAIL_SPELLED = re.compile(  # "jane.doe [at] example [dot] com", "lars dot nielsen at example dot dk"
+    rf"\b[\w+-]+(?:(?:\.|{_DOT})[\w+-]+)*{_AT}[\w-]+(?:(?:\.|{_DOT})[\w-]+)*{_DOT}[A-Za-z]{{2,6}}\b", re.I)
 
 
 def emails(text: str) -> Iterator[Span]:
@@ -30,6 +32,7 @@ def emails(text: str) -> Iterator[Span]:
 
 
 # ----------------------------------------------------------------------------------------------- credit card
+_CARD_WORD = re.compile(r"\b(?:card|visa|mastercard|amex|discover|jcb|maestro|credit|debit|cc)\b", re.I)
 _CARD = re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-]|\.\d)")
 
 
@@ -44,19 +47,9 @@ def luhn_ok(digits: str) -> bool:
 
 
 def _card_issuer_ok(digits: str) -> bool:
-    """Visa, Mastercard (51-55, 2221-2720), Amex, Discover, Diners, JCB, UnionPay, Maestro prefixes and lengths."""
-    n, p2, p4 = len(digits), int(digits[:2]), int(digits[:4])
-    if digits[0] == "4":
-        return n in (13, 16, 19)
-    if 51 <= p2 <= 55 or 2221 <= p4 <= 2720:
-        return n == 16
-    if p2 in (34, 37):
-        return n == 15
-    if p2 in (36, 38, 39) or 300 <= int(digits[:3]) <= 305:
-        return 14 <= n <= 19
-    if digits.startswith(("6011", "65", "62")) or 644 <= int(digits[:3]) <= 649 or 3528 <= p4 <= 3589:
-        return 16 <= n <= 19
-    return p2 in (50, 56, 57, 58, 63, 67) and 12 <= n <= 19  # Maestro
+    """Payment cards start with a major industry identifier 2-6 (Mastercard 2-series, Amex/Diners/JCB 3, Visa 4,
+    Mastercard/Maestro 5, Discover/UnionPay/Maestro 6); 1, 7, 8, 9 and 0 are airlines, oil, telecoms, national."""
+    return digits[0] in "23456" and not (digits[0] == "3" and len(digits) < 14)
 
 
 def credit_cards(text: str) -> Iterator[Span]:
@@ -66,6 +59,8 @@ def credit_cards(text: str) -> Iterator[Span]:
         if len(groups) > 1 and len(set(re.findall(r"[ -]", raw))) > 1:
             continue  # mixed separators: not how card numbers are written
         digits = "".join(groups)
+        if identifier_before(text, m.start()) and not _CARD_WORD.search(text[max(0, m.start() - 40):m.start()]):
+            continue  # "order #4532 ...", "tracking number ...": a Luhn-valid identifier is still an identifier
         if 13 <= len(digits) <= 19 and _card_issuer_ok(digits) and luhn_ok(digits) and len(set(digits)) > 1:
             yield m.start(), m.end(), "CREDIT_CARD"
 
@@ -108,8 +103,10 @@ def ibans(text: str) -> Iterator[Span]:
 # ------------------------------------------------------------------------------------------------ IP address
 _IPV4 = re.compile(r"(?<![\w.-])(?:\d{1,3}\.){3}\d{1,3}(?:/\d{1,2})?(?![\w-]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?:\d{1,3}\.){3}\d{1,3})?"
-                   r"(?:%[\w]+)?(?:/\d{1,3})?(?![\w:])")
-_VERSION_CONTEXT = re.compile(r"(?:\bv|\bversion|\bver\.?|\brelease|\bbuild|\brev(?:ision)?|\bpython|\bnode|"
+                   r"(?:%[\w]+)?(?:/\d{1,3})?(?![\w:]|\.\d)")
+_VERSION_AFTER = re.compile(r"\s*(?:-?(?:rc|beta|alpha|dev|final)\b|(?:version|revision|release|build|update)\b)",
+                            re.I)
+_VERSION_CONTEXT = re.compile(r"(?:\bv|\bversion|\bsection|\bchapter|\bclause|\brule|§|\bver\.?|\brelease|\bbuild|\brev(?:ision)?|\bpython|\bnode|"
                               r"\bjava|\bpackage|\bsdk|\bfirmware|\bpatch|\bupgrade[ds]?\s+to|==|>=|<=|~=|@)\s*$",
                               re.I)
 
@@ -121,8 +118,8 @@ def ip_addresses(text: str) -> Iterator[Span]:
             ipaddress.IPv4Address(address)
         except ValueError:
             continue
-        if _VERSION_CONTEXT.search(text[max(0, m.start() - 24):m.start()]):
-            continue  # "version 1.2.3.4", "v10.0.0.1", "pkg==2.0.1.0"
+        if _VERSION_CONTEXT.search(text[max(0, m.start() - 24):m.start()]) or _VERSION_AFTER.match(text, m.end()):
+            continue  # "version 1.2.3.4", "v10.0.0.1", "pkg==2.0.1.0", "section 3.2.1.4", "1.2.0.0 revision"
         yield m.start(), m.end(), "IP_ADDRESS"
     for m in _IPV6.finditer(text):
         address = m.group().split("/")[0].split("%")[0]
@@ -172,10 +169,16 @@ _PHONE_BARE = re.compile(  # 4155552671, 555-0143: only after a phone word
     r"(?<![\w+.-])(?:\+?\d{7,13}|\d{3}[-. ]\d{4})(?![\w-]|\.\d)")
 _PHONE_CONTEXT = re.compile(r"\b(?:phone|tel|telephone|mobile|cell|cellphone|fax|call|text|sms|whatsapp|"
                             r"reach\s+(?:me|us)|ring|contact|number|no\.|ph)\b[^\n\d]{0,20}$", re.I)
-_NOT_PHONE_CONTEXT = re.compile(r"(?:#|\b(?:order|invoice|ticket|tracking|ref(?:erence)?|case|po|sku|"
+_IDENTIFIER_CONTEXT = re.compile(r"(?:#|\b(?:order|invoice|ticket|tracking|ref(?:erence)?|case|po|sku|"
                                 r"serial|account|acct|isbn|id|model|part|batch|lot|build|version|v)\b)"
-                                r"[^\n\d]{0,6}$", re.I)
+                                r"(?:\s*(?:number|no\.?|num|id)\b)?[^\n\d\w]{0,4}(?:is\s+|was\s+|:\s*)?$", re.I)
 _DATE_SHAPE = re.compile(r"^\d{1,4}[./-]\d{1,2}[./-]\d{1,4}$")
+
+
+def identifier_before(text: str, start: int) -> bool:
+    """An order/ticket/tracking/reference number, or more digit groups right before: an identifier."""
+    before = text[max(0, start - 32):start]
+    return bool(_IDENTIFIER_CONTEXT.search(before) or re.search(r"\d[ .-]?$", before))
 
 
 def _phone_digits_ok(raw: str, low: int, high: int) -> bool:
@@ -185,14 +188,14 @@ def _phone_digits_ok(raw: str, low: int, high: int) -> bool:
 
 def phones(text: str) -> Iterator[Span]:
     for m in _PHONE_INTL.finditer(text):
-        if _phone_digits_ok(m.group(), 8, 15):
+        if _phone_digits_ok(m.group(), 8, 15) and not re.search(r"\d[ .-]?$", text[max(0, m.start() - 2):m.start()]):
             yield m.start(), m.end(), "PHONE"
     for rx, low, high in ((_PHONE_NANP, 10, 11), (_PHONE_NATIONAL, 9, 12)):
         for m in rx.finditer(text):
             raw = m.group()
             if _DATE_SHAPE.match(raw) or not _phone_digits_ok(raw, low, high):
                 continue
-            if _NOT_PHONE_CONTEXT.search(text[max(0, m.start() - 24):m.start()]):
+            if identifier_before(text, m.start()):
                 continue  # "order #415-555-2671", "ticket 020 7946 0958": identifiers, not phones
             yield m.start(), m.end(), "PHONE"
     for m in _PHONE_BARE.finditer(text):
