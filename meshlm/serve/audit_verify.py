@@ -80,46 +80,45 @@ def verify(path: str | Path) -> VerifyReport:
         conn.close()
     report = VerifyReport(str(path), records=len(rows))
     problems = report.problems
-    expected_prev, prev_stored_hash, prev_claimed, seen = GENESIS_HASH, GENESIS_HASH, 0, set()
-    for position, (seq, time, kind, body_text, prev_hash, stored_hash) in enumerate(rows, start=1):
+    by_claim: dict[int, tuple[dict, str, str]] = {}  # a record's own seq -> (body, prev_hash, hash)
+    expected = GENESIS_HASH
+    for seq, time, kind, body_text, prev_hash, stored_hash in rows:
         try:
             body = json.loads(body_text)
             claimed = int(body["seq"])
         except (ValueError, KeyError, TypeError):
-            problems.append(Problem(seq, "modified", f"record at row seq {seq} is not valid JSON with a seq"))
-            expected_prev, prev_stored_hash = stored_hash, stored_hash
+            problems.append(Problem(seq, "modified", f"the record at position {seq} is not JSON with a seq"))
             continue
-        if claimed in seen:
-            problems.append(Problem(claimed, "duplicated", f"record {claimed} appears again at row seq {seq}"))
-        elif claimed < prev_claimed or claimed != seq:
+        if claimed in by_claim:
+            problems.append(Problem(claimed, "duplicated", f"record {claimed} appears again at position {seq}"))
+            continue
+        by_claim[claimed] = (body, prev_hash, stored_hash)
+        if claimed != seq:
             problems.append(Problem(claimed, "reordered", f"record {claimed} is stored at position {seq}"))
-        elif claimed > prev_claimed + 1:
-            for missing in range(prev_claimed + 1, claimed):
-                problems.append(Problem(missing, "deleted", f"record {missing} is missing (before record {claimed})"))
-        seen.add(claimed)
         if chain_hash(prev_hash, body) != stored_hash:
             problems.append(Problem(claimed, "modified", f"record {claimed}'s content does not match its hash"))
-        elif prev_hash != prev_stored_hash and claimed == prev_claimed + 1:
-            problems.append(Problem(prev_claimed, "modified", f"record {prev_claimed}'s hash was rewritten "
-                                    f"(record {claimed} chains to a different one)"))
         elif (time, kind) != (body.get("time"), body.get("kind")):
             problems.append(Problem(claimed, "modified", f"record {claimed}'s time/kind columns differ from it"))
-        # The recomputed chain: any change upstream shows here even when the local checks above pass.
-        expected_prev = chain_hash(expected_prev, body)
-        prev_stored_hash, prev_claimed = stored_hash, max(prev_claimed, claimed)
-    report.head_seq, report.head_hash = prev_claimed, expected_prev
-    if head is not None and (head["seq"] > prev_claimed or head["hash"] != prev_stored_hash) and not any(
-            p.kind in ("reordered", "duplicated") for p in problems):
-        for missing in range(prev_claimed + 1, head["seq"] + 1):
-            problems.append(Problem(missing, "deleted", f"record {missing} is missing (the log's head is "
-                                    f"record {head['seq']})"))
-        if head["seq"] <= prev_claimed:
-            problems.append(Problem(prev_claimed, "modified", "the newest record does not match the stored head"))
-    elif head is None and rows:
-        problems.append(Problem(0, "modified", "the stored head is missing"))
-    if not problems and expected_prev != prev_stored_hash:  # cannot happen unless the checks above miss a case
-        problems.append(Problem(prev_claimed, "modified", "the recomputed chain does not reach the stored head"))
-    problems.sort(key=lambda p: p.seq)
+        expected = chain_hash(expected, body)  # the chain recomputed from the genesis, in stored order
+    last = max(by_claim, default=0)
+    head_seq = max(last, head["seq"] if head else 0)
+    for missing in sorted(set(range(1, head_seq + 1)) - set(by_claim)):
+        problems.append(Problem(missing, "deleted", f"record {missing} is missing (the log's head is record "
+                                f"{head_seq})"))
+    # Links, in each record's own order: record k must chain to the hash stored with record k-1.
+    for claimed, (_, prev_hash, _) in sorted(by_claim.items()):
+        before = GENESIS_HASH if claimed == 1 else by_claim.get(claimed - 1, (None, None, None))[2]
+        if before is not None and prev_hash != before:
+            problems.append(Problem(claimed - 1, "modified", f"record {claimed - 1}'s hash was rewritten "
+                                    f"(record {claimed} chains to a different one)"))
+    if head is None and rows:
+        problems.append(Problem(0, "modified", "the log's stored head is missing"))
+    elif head is not None and head["seq"] == last and last and head["hash"] != by_claim[last][2]:
+        problems.append(Problem(last, "modified", f"record {last}'s hash differs from the stored head"))
+    report.head_seq, report.head_hash = last, expected
+    if not problems and (by_claim and expected != by_claim[last][2]):  # every break shows above; belt and braces
+        problems.append(Problem(last, "modified", "the recomputed chain does not reach the newest record"))
+    problems.sort(key=lambda p: (p.seq, p.kind))
     return report
 
 

@@ -38,7 +38,7 @@ _AFTER_WORD = re.compile(  # api_key="...", token: ..., "password is hunter2!", 
     r"(?P<value>[^\s\"'`,;<>)\]}]{6,})", re.I)
 _BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
 _URL_PASSWORD = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s:/@]+:(?P<value>[^\s@/]{3,})@", re.I)
-_RANDOM_TOKEN = re.compile(r"(?<![\w/+=.-])[A-Za-z0-9_\-+/=]{32,}(?![\w/+=-])")
+_RANDOM_TOKEN = re.compile(r"(?<![\w/+=.-])[A-Za-z0-9_\-+/]{32,}={0,2}(?![\w/+=-])")
 
 
 def entropy_bits(s: str) -> float:
