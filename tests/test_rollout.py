@@ -71,6 +71,35 @@ def test_logprobs_equal_a_full_forward_and_sampling_is_seeded():
     torch.testing.assert_close(a.logprobs, expected, atol=1e-5, rtol=0)
 
 
+def test_row_seeded_sampling_does_not_depend_on_the_batch():
+    """With row seeds each row's tokens are a function of the row alone: the 4 prompts decoded together equal
+    them decoded as two batches of 2 (as two data-parallel ranks would, with the global prompt width), in any
+    order; inverse-CDF sampling never picks a token outside top-k / vocab_limit."""
+    model = _model()
+    cfg = SamplingConfig(max_new_tokens=6, eos_ids=(), pad_id=0, temperature=0.9, top_k=40, vocab_limit=2000)
+    seeds = [101, 102, 103, 104]
+    whole = rollout(model, PROMPTS, cfg, row_seeds=seeds)
+    width = max(len(p) for p in PROMPTS)
+    halves = [rollout(model, PROMPTS[i:i + 2], cfg, row_seeds=seeds[i:i + 2], prompt_width=width) for i in (0, 2)]
+    swapped = rollout(model, PROMPTS[::-1], cfg, row_seeds=seeds[::-1])
+    assert torch.equal(whole.response_ids, torch.cat([h.response_ids for h in halves]))
+    assert torch.equal(whole.response_ids, swapped.response_ids.flip(0))
+    assert not torch.equal(whole.response_ids, rollout(model, PROMPTS, cfg, row_seeds=[1, 2, 3, 4]).response_ids)
+    assert int(whole.response_ids.max()) < 2000 and bool(torch.isfinite(whole.logprobs).all())
+    with pytest.raises(ConfigError, match="shorter than the longest prompt"):
+        rollout(model, PROMPTS, cfg, row_seeds=seeds, prompt_width=3)
+
+
+def test_inverse_cdf_follows_the_distribution():
+    from meshlm.generate.rollout import inverse_cdf
+
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]]).expand(4, 5)
+    u = torch.tensor([0.0, 0.2499, 0.25, 0.999999999])
+    assert inverse_cdf(probs, u).tolist() == [1, 1, 3, 3]  # zero-probability tokens are never drawn
+    draws = inverse_cdf(probs[:1].expand(20000, 5), torch.rand(20000, generator=torch.Generator().manual_seed(0)))
+    assert abs(float((draws == 3).double().mean()) - 0.75) < 0.015
+
+
 def test_bad_requests_are_config_errors():
     model = _model()
     with pytest.raises(ConfigError, match="max_seq_len"):

@@ -6,6 +6,10 @@ attention, so each row's logits are the ones it would get alone (tested against 
 sampling.py). Every decode step appends one slot to every row; a row that has emitted one of the eos ids gets
 pad tokens from then on, outside its response mask.
 
+Layout-independent sampling: with ``row_seeds`` each row draws its uniforms from its own generator (seeded by
+the caller from the row's global sample index) and samples by inverse CDF, so a row's tokens do not depend on
+which rank it is on or which rows share its batch; ``prompt_width`` pads every rank to the same P.
+
 Under data parallelism each rank generates from its own prompts. FSDP all-gathers parameters in every forward, a
 collective, so all ranks must run the same number of forwards: ``all_finished`` (a callable that ANDs a flag
 over the ranks, e.g. an all-reduce) makes them stop together; the last ranks to finish decide.
@@ -71,12 +75,16 @@ class Rollout:
         return ids, mask, positions
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
-             device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, P) ids right-aligned with pad_id in front, and the (B, P) bool mask of real tokens."""
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str,
+             width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) ids right-aligned with pad_id in front, and the (B, P) bool mask of real tokens; P = ``width``
+    (at least the longest prompt) or the longest prompt."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token")
-    width = max(len(p) for p in prompts)
+    longest = max(len(p) for p in prompts)
+    if width is not None and width < longest:
+        raise ConfigError(f"prompt_width {width} is shorter than the longest prompt ({longest} tokens)")
+    width = width or longest
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.bool)
     for row, prompt in enumerate(prompts):
@@ -85,12 +93,13 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
     return ids.to(device), mask.to(device)
 
 
-def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None,
+                  uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from (B, V) logits -> (tokens (B,), their log-probs (B,) fp32).
 
     The log-prob is under the distribution actually sampled from: softmax(filter(logits / temperature)); for
-    greedy decoding, softmax(logits).
+    greedy decoding, softmax(logits). With ``uniforms`` (B,) in [0, 1), row b takes the first token whose
+    cumulative probability exceeds ``uniforms[b]`` (inverse CDF): a function of the row alone.
     """
     logits = logits.float()
     if cfg.vocab_limit is not None and cfg.vocab_limit < logits.shape[-1]:
@@ -100,8 +109,28 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig,
         logp = torch.log_softmax(logits, dim=-1)
     else:
         logp = torch.log_softmax(filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p), dim=-1)
-        tokens = torch.multinomial(logp.exp(), num_samples=1, generator=generator).squeeze(1)  # (B,)
+        if uniforms is None:
+            tokens = torch.multinomial(logp.exp(), num_samples=1, generator=generator).squeeze(1)  # (B,)
+        else:
+            tokens = inverse_cdf(logp.exp(), uniforms)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """(B, V) probabilities, (B,) uniforms in [0, 1) -> (B,) the first index whose cumulative mass exceeds
+    u · total, computed in fp64. The target is kept strictly below the total, so a zero-probability token (equal
+    cumulative values, e.g. beyond ``vocab_limit``) is never the first to exceed it."""
+    cdf = probs.double().cumsum(-1)  # (B, V)
+    total = cdf[:, -1:]  # (B, 1)
+    target = torch.minimum(uniforms.to(cdf)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+
+def row_uniforms(row_seeds: Sequence[int], steps: int, device: torch.device | str) -> torch.Tensor:
+    """(B, steps) uniforms, row b from a CPU generator seeded by ``row_seeds[b]`` (the same on every device)."""
+    rows = [torch.rand(steps, generator=torch.Generator(device="cpu").manual_seed(int(s)), dtype=torch.float64)
+            for s in row_seeds]
+    return torch.stack(rows).to(device)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -113,15 +142,20 @@ def unwrap(model: nn.Module) -> nn.Module:
 @torch.no_grad()  # not inference_mode: FSDP reuses the gathered parameters' storage in later training forwards
 def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, *,
             generator: torch.Generator | None = None, device: torch.device | str = "cpu",
-            all_finished: Callable[[bool], bool] | None = None) -> Rollout:
+            all_finished: Callable[[bool], bool] | None = None, row_seeds: Sequence[int] | None = None,
+            prompt_width: int | None = None) -> Rollout:
     """Generate a response for every prompt, all rows decoded together with one KV cache.
 
     Stops when every row has emitted an eos (on every rank, with ``all_finished``) or after
-    ``cfg.max_new_tokens``; N, the number of decode steps taken, is the responses' width.
+    ``cfg.max_new_tokens``; N, the number of decode steps taken, is the responses' width. ``row_seeds`` (one per
+    prompt) replaces ``generator`` by per-row inverse-CDF sampling; ``prompt_width`` fixes P (module docstring).
     """
     cfg.validate()
     net = unwrap(model)
-    prompt_ids, prompt_mask = left_pad(prompts, cfg.pad_id, device)
+    prompt_ids, prompt_mask = left_pad(prompts, cfg.pad_id, device, prompt_width)
+    if row_seeds is not None and len(row_seeds) != len(prompts):
+        raise ConfigError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")
+    uniforms = row_uniforms(row_seeds, cfg.max_new_tokens, device) if row_seeds is not None else None
     B, P = prompt_ids.shape
     if P + cfg.max_new_tokens > net.cfg.max_seq_len:
         raise ConfigError(f"prompts of up to {P} tokens + max_new_tokens {cfg.max_new_tokens} exceed "
@@ -135,7 +169,8 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, alive = [], [], []
     for step in range(cfg.max_new_tokens):
-        token, logp = sample_tokens(logits[:, -1], cfg, generator)  # (B,) each
+        u = uniforms[:, step] if uniforms is not None else None
+        token, logp = sample_tokens(logits[:, -1], cfg, generator, u)  # (B,) each
         alive.append(~finished)
         tokens.append(torch.where(finished, cfg.pad_id, token))
         logps.append(torch.where(finished, 0.0, logp))

@@ -12,9 +12,16 @@ the actor's trunk (``output.value``, shared-trunk actor-critic as in TRL's class
 sharded and checkpointed with the policy by the one optimizer; the reference (``checkpoint.init_from``, or the
 seeded start) and the reward model (``objective.reward_model``) are frozen copies laid out like the policy.
 
-Resume: the sampler's generator is seeded by (training.seed, rollout number, dp rank), so the next rollout is
-regenerated exactly; a checkpoint taken inside a rollout's minibatches stores the rollout buffer itself
-(``state_dict``, base64 of torch.save) because the policy that generated it no longer exists.
+Layout independence (loss parity with a single device under DDP / FSDP2): each sequence samples from its own
+generator seeded by (training.seed, rollout number, its global index in the rollout), every rank left-pads its
+prompts to the global longest and decodes until every rank is done, so a sequence's tokens do not depend on the
+rank it ran on. After scoring, the ranks all-gather the rollout: advantages (GRPO's group statistics, PPO's
+whitening) are computed over the whole global rollout, and every epoch's minibatch order is one global
+permutation of which each rank takes its contiguous slice, as the single device would take the whole.
+
+Resume: the samplers are seeded as above, so the next rollout is regenerated exactly; a checkpoint taken inside
+a rollout's minibatches stores the (global) rollout buffer itself (``state_dict``, base64 of torch.save) because
+the policy that generated it no longer exists; it resumes under any dp size.
 """
 
 from __future__ import annotations
@@ -147,10 +154,11 @@ class RLObjective:
             self.num_rollouts += 1
         epoch, index = divmod(self.position, self.cfg.ppo_minibatches)
         self.position += 1
-        size = next(iter(self.buffer.values())).shape[0] // self.cfg.ppo_minibatches
-        order = torch.randperm(size * self.cfg.ppo_minibatches,
-                               generator=self._generator("minibatch", epoch, rank_specific=True))
-        rows = order[index * size:(index + 1) * size]
+        size = next(iter(self.buffer.values())).shape[0] // self.cfg.ppo_minibatches  # global minibatch
+        order = torch.randperm(size * self.cfg.ppo_minibatches, generator=self._generator("minibatch", epoch))
+        local = size // self.engine.dp_size
+        first = index * size + self.engine.dp_rank * local  # this rank's contiguous slice of the minibatch
+        rows = order[first:first + local].to(self.device)
         return {k: v[rows] for k, v in self.buffer.items()}
 
     def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -160,19 +168,43 @@ class RLObjective:
         return self._metrics.pop()
 
     # ---------------------------------------------------------------------------------------------- rollout
-    def _generator(self, purpose: str, index: int = 0, rank_specific: bool = True) -> torch.Generator:
-        """A generator for (seed, rollout number, purpose, index[, dp rank]): nothing to checkpoint."""
-        rank = self.engine.dp_rank if rank_specific else 0
-        key = f"{self.job.training.seed}:{self.num_rollouts}:{purpose}:{index}:{rank}"
-        seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
-        return torch.Generator(device="cpu").manual_seed(seed)
+    def _seed(self, purpose: str, index: int = 0) -> int:
+        """A seed for (training.seed, rollout number, purpose, index): the same on every layout, nothing to
+        checkpoint."""
+        key = f"{self.job.training.seed}:{self.num_rollouts}:{purpose}:{index}"
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
+
+    def _generator(self, purpose: str, index: int = 0) -> torch.Generator:
+        return torch.Generator(device="cpu").manual_seed(self._seed(purpose, index))
+
+    def _dp_group(self):
+        return self.engine.mesh["dp"].get_group()
+
+    def _global_max(self, value: int) -> int:
+        if self.engine.dp_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._dp_group())
+        return int(t.item())
+
+    def _all_gather(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every rank's rows, concatenated in rank order (= global sample order); shapes agree across ranks."""
+        if self.engine.dp_size == 1:
+            return tensors
+        out = {}
+        for key, t in tensors.items():
+            send = t.to(torch.uint8) if t.dtype == torch.bool else t.contiguous()  # gloo has no bool
+            parts = [torch.empty_like(send) for _ in range(self.engine.dp_size)]
+            dist.all_gather(parts, send, group=self._dp_group())
+            out[key] = torch.cat(parts).to(t.dtype)
+        return out
 
     def _all_finished(self, done: bool) -> bool:
         """True once every data-parallel rank is done: they must run the same number of forwards (FSDP)."""
         if self.engine.dp_size == 1:
             return done
         flag = torch.tensor([float(done)], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.engine.mesh["dp"].get_group())
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._dp_group())
         return bool(flag.item())
 
     @torch.no_grad()
@@ -181,14 +213,14 @@ class RLObjective:
         G = self.cfg.group_size
         prompts = [p for p in batch["prompt_ids"] for _ in range(G)]  # the G samples of a prompt are adjacent
         extras = [e for e in batch["extra"] for _ in range(G)]
+        first = self.engine.dp_rank * len(prompts)  # global index of this rank's first sequence in the rollout
+        seeds = [self._seed("sample", first + i) for i in range(len(prompts))]
+        width = self._global_max(max(len(p) for p in prompts))
         self.policy.eval()
         start = time.perf_counter()
-        generator = self._generator("sample")
-        if self.device.type != "cpu":
-            generator = torch.Generator(device=self.device).manual_seed(generator.initial_seed())
         with autocast(self.job.training.precision, self.device.type):
-            out = rollout(self.policy, prompts, self.sampling, generator=generator, device=self.device,
-                          all_finished=self._all_finished)
+            out = rollout(self.policy, prompts, self.sampling, device=self.device, all_finished=self._all_finished,
+                          row_seeds=seeds, prompt_width=width)
         seconds = time.perf_counter() - start
         self.policy.train()
         self._metrics.add("rollout_tokens_per_s", torch.tensor(out.num_tokens / seconds))
@@ -231,7 +263,8 @@ class RLObjective:
         return call_reward_fn(self.reward_fn, self.cfg.reward_fn, prompts, responses, extras, self.device)
 
     def _collect(self) -> dict[str, torch.Tensor]:
-        """One rollout: generate, score, and compute what the minibatches need (the subclass's advantages)."""
+        """One rollout: generate and score this rank's sequences, gather the global rollout, and compute what the
+        minibatches need (the subclass's advantages) over all of it."""
         out, extras = self._generate()
         ids, mask, positions = out.sequences()
         batch = {"input_ids": ids, "padding_mask": mask, "position_ids": positions,
@@ -242,8 +275,13 @@ class RLObjective:
         response = out.response_mask
         self._metrics.add("reward", scores)
         self._metrics.add("kl", kl_penalty(old_logps, ref_logps, "k1")[response])
-        batch.update(old_logps=old_logps, ref_logps=ref_logps)
-        batch.update(self.advantages(scores, old_logps, ref_logps, old_values, response))
+        batch.update(old_logps=old_logps, ref_logps=ref_logps, scores=scores)
+        if old_values is not None:
+            batch["old_values"] = old_values
+        batch = self._all_gather(batch)
+        scores = batch.pop("scores")
+        batch.update(self.advantages(scores, batch["old_logps"], batch["ref_logps"], batch.get("old_values"),
+                                     batch["response_mask"]))
         return batch
 
     # --------------------------------------------------------------------------------------------- resume
@@ -327,7 +365,7 @@ class PPOObjective(GRPOObjective):
         cfg = self.cfg
         rewards = rlhf_rewards(scores, old_logps, ref_logps, response, cfg.kl_coef, "k1")  # (B, N)
         adv, returns = gae(rewards, old_values, response, cfg.gamma, cfg.lam)
-        return {"advantages": whiten(adv, response), "returns": returns, "old_values": old_values}
+        return {"advantages": whiten(adv, response), "returns": returns}
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         logits, labels = self._scaled_logits(model, batch)
