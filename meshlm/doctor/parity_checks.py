@@ -108,11 +108,13 @@ def check(name: str, status: str, detail: str) -> dict[str, str]:
 
 
 def init_checks(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> list[dict[str, str]]:
-    ref = reference["params"]
+    ref = dict(reference["params"])
+    if "tok_embeddings.weight" in ref and "output.weight" not in ref:  # tied: a pipelined last stage's own copy
+        ref["output.weight"] = ref["tok_embeddings.weight"]
     wrong = sorted({f"{n} (rank {r['rank']})" for r in ranks for n, h in r["params"].items()
                     if n in ref and ref[n] != h})
     held = {n for r in ranks for n in r["params"]}
-    missing = sorted(set(ref) - held)
+    missing = sorted(set(reference["params"]) - held)
     extra = sorted(held - set(ref))
     compared = sum(1 for r in ranks for n in r["params"] if n in ref)
     out = [check("init_matches_single_device", FAIL if wrong else PASS,
@@ -121,7 +123,7 @@ def init_checks(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> list[
                  f"all {compared} parameters on {len(ranks)} ranks equal the single device's initial values "
                  f"(SHA-256 of the full tensors)")]
     detail = (f"no rank holds {', '.join(missing[:6])}" if missing else
-              f"the ranks hold all {len(ref)} parameters of the model")
+              f"the ranks hold all {len(reference['params'])} parameters of the model")
     if extra:
         detail += f"; not in the single-device model (not compared): {', '.join(extra[:4])}"
     out.append(check("init_covers_model", FAIL if missing else PASS, detail))
