@@ -30,11 +30,14 @@ _VENDOR_KEYS = re.compile("|".join([
     r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
     r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
 ]))
-_SECRET_WORD = (r"(?:api[_ .-]?key|apikey|access[_ .-]?key(?:[_ .-]?id)?|secret(?:[_ .-]?(?:access[_ .-]?)?key)?|"
+_SECRET_WORD = (r"(?:api[_ .-]?key|apikey|(?:account|shared[_ .-]?access|signing|encryption|master|license|"
+                r"subscription|consumer|app|admin|service)[_ .-]?key|access[_ .-]?key(?:[_ .-]?id)?|secret(?:[_ .-]?(?:access[_ .-]?)?key)?|"
                 r"client[_ .-]?secret|(?:access|auth|api|bearer|refresh|session|bot|personal[_ .-]access)"
                 r"[_ .-]?token|token|private[_ .-]?key|passwd|password|passphrase|pwd|credentials?|x-api-key)")
+# An identifier may end in a secret word: DATADOG_API_KEY, aws.secret.key, accountKey, clientSecret.
+_IDENT_PREFIX = r"(?:\b(?:[A-Za-z0-9]+[_.-])+|\b(?-i:[A-Za-z0-9]*[a-z])(?=(?-i:[A-Z]))|\b)"
 _AFTER_WORD = re.compile(  # api_key="...", token: ..., "password is hunter2!", Authorization: Bearer ...
-    rf"\b{_SECRET_WORD}[\"']?\s*(?:(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
+    rf"{_IDENT_PREFIX}{_SECRET_WORD}[\"']?\s*(?:(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
     r"(?P<value>[^\s\"'`,;<>)\]}]{6,})", re.I)
 _BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
 _URL_PASSWORD = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s:/@]+:(?P<value>[^\s@/]{3,})@", re.I)
@@ -51,10 +54,12 @@ def _classes(s: str) -> int:
 
 
 def looks_secret(value: str) -> bool:
-    """A value after a secret word: not a plain word or number ("is", "count", "512", "expired")."""
-    if len(value) < 6 or value.isalpha() and (value.islower() or value.istitle()) or value.isdigit():
+    """A value after a secret word: not a plain word, identifier or number ("is", "required", "user_name", "512")."""
+    if len(value) < 6 or value.isdigit():
         return False
-    return _classes(value) >= 2 or entropy_bits(value) >= 3.0
+    letters, digits = bool(re.search(r"[A-Za-z]", value)), bool(re.search(r"\d", value))
+    symbols = bool(re.search(r"[^\w.-]", value))
+    return letters and (digits or symbols) or len(value) >= 20 and entropy_bits(value) >= 3.5
 
 
 def looks_random(token: str) -> bool:
@@ -83,9 +88,11 @@ _MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|
 _DAY = r"(?:[0-3]?\d)(?:st|nd|rd|th)?"
 _DATE = (rf"(?:\d{{4}}[-/.]\d{{1,2}}[-/.]\d{{1,2}}|\d{{1,2}}[-/.]\d{{1,2}}[-/.](?:\d{{4}}|\d{{2}})"
          rf"|{_MONTH}\s+{_DAY},?\s+\d{{4}}|(?:the\s+)?{_DAY}\s+(?:of\s+)?{_MONTH},?\s+\d{{4}}"
-         rf"|{_MONTH}\s+{_DAY}(?!\s*,?\s*\d)|{_DAY}\s+(?:of\s+)?{_MONTH}(?!\s*,?\s*\d)|{_MONTH},?\s+\d{{4}})")
-_BIRTH_WORD = (r"(?:\bborn|\bbirth\s*date|\bbirthdate|\bdate\s+of\s+birth|\bD\.?O\.?B\b\.?|\bbirthday|"
-               r"\bb\.(?=\s*\d)|\bgeboren|\bné(?:e)?|\bnacid[oa])")
+         rf"|{_MONTH}\s+{_DAY}(?!\s*,?\s*\d)|(?:the\s+)?{_DAY}\s+(?:of\s+)?{_MONTH}(?!\s*,?\s*\d)"
+         rf"|{_MONTH},?\s+\d{{4}}|\d{{1,2}}[/.]\d{{1,2}}(?![/.]?\d)|(?:19|20)\d\d(?![-/.]?\d))")
+_BIRTH_WORD = (r"(?:\bborn|\bbirth\s*date|\bbirthdate|\bdate\s+of\s+birth|\bD\.?O\.?B\b\.?|\bbirthday|\bb-?day|"
+               r"\bb\.(?=\s*\d)|\bgeboren|\bGeburtsdatum|\bné(?:e)?|\bdate\s+de\s+naissance|\bnacid[oa]|"
+               r"\bfecha\s+de\s+nacimiento|\bdata\s+di\s+nascita|\bdata\s+de\s+nascimento)")
 _DOB = re.compile(rf"{_BIRTH_WORD}[^\n.;]{{0,24}}?(?P<date>{_DATE})\b", re.I)
 
 

@@ -10,6 +10,7 @@ a known surname (:mod:`meshlm.serve.name_lists`). An address is a house number, 
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Iterator
 
 from meshlm.serve.name_lists import AMBIGUOUS_GIVEN, GIVEN_NAMES, SURNAMES
@@ -28,17 +29,39 @@ Mr Mrs Ms Miss Dr Prof Sir Madam Team All Everyone Customer Support Service Admi
 English French German Spanish Chinese Japanese American British Canadian Indian Python Java Linux Windows Google
 Microsoft Apple Amazon Github Slack OpenAI Llama Order Invoice Account Ticket Version Release Model Server Error
 Going Trying Working Looking Writing Calling Glad Happy Interested New Here Back Done Fine Good Great Available
+Bank Company Inc Ltd LLC GmbH University College School Hospital Department Office City State County Republic
 """.split())
 _STRONG_CONTEXT = re.compile(
-    r"(?:\b(?:my|his|her|their|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)\s+name\s+is|"
-    r"\bname\s*[:=]|\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|\bpatient:?|"
-    r"\bemployee:?|\bapplicant:?|\bsincerely,?|\bregards,?|\bcheers,?|\bthanks,?|\bbest,?|\bwishes,?|"
-    r"\bbeneficiary:?|\bcardholder:?|\baccount\s+holder:?)\s*$", re.I)
+    r"(?:\b(?:my|his|her|their|your|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)\s+(?:full\s+)?"
+    r"name\s+(?:is|was)|\bname\s*[:=]|\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|"
+    r"\bpatient:?|\bemployee:?|\bapplicant:?|\bsincerely,?|\bregards,?|\bcheers,?|\bthanks,?|\bbest,?|"
+    r"\bwishes,?|\bfaithfully,?|\btruly,?|\bbeneficiary:?|\bcardholder:?|\baccount\s+holder:?|\bundersigned,?|"
+    r"\bje\s+m'appelle|\bmon\s+nom\s+est|\bme\s+llamo|\bmi\s+nombre\s+es|\bmi\s+chiamo|\bmein\s+Name\s+ist|"
+    r"\bich\s+hei(?:ß|ss)e|\bmeu\s+nome\s+é|\bjag\s+heter|\bmijn\s+naam\s+is)\s*$", re.I)
 _WEAK_CONTEXT = re.compile(
-    r"(?:\bI\s+am|\bI'm|\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|\bby|"
-    r"\bfrom|\bmeet|\bmet|\bhi|\bhello|\bhey|\band|\bfor|\bsaid|\btold|\bcalled\s+me)\s*,?\s*$", re.I)
-_TITLE = re.compile(r"\b(?<![\w.])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Rev|Fr|Sr|Sra|Srta|Herr|Frau|"
-                    r"Mme|Mlle|M|Sheikh|Shri|Smt|Capt|Captain|Lt|Col|Gen|Sgt|Officer|Judge|Justice)\.?\s+$")
+    r"(?:\bI\s+am|\bI'm|\bim|\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|"
+    r"\bby|\bfrom|\bmeet|\bmet|\bhi|\bhello|\bhey|\band|\bfor|\bsaid|\btold|\bcalled\s+me|\bsoy|\bsono|"
+    r"\bich\s+bin|\bje\s+suis|\bsou|\binform|\bto|\bmanager|\bcontact\s+person:?|\bfriend|\bcolleague|"
+    r"\bboss|\bwife|\bhusband|\bson|\bdaughter|\bmother|\bfather|\bbrother|\bsister)\s*,?\s*$", re.I)
+_TITLE = re.compile(r"\b(?<![\w.])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Rev|Fr|Sr|Sra|Srta|"
+                    r"Herr|Frau|Mme|Mlle|M|Sheikh|Shri|Smt|Capt|Captain|Lt|Col|Gen|Sgt|Officer|Judge|Justice)\.?\s+$")
+# Family-name endings common across Europe, the Caucasus, Turkey and the Americas: "Capitalised + Wiśniewski".
+_SURNAME_ENDING = re.compile(r"(?:ski|ska|cki|cka|wicz|vić|vic|ović|ovic|enko|chuk|escu|eanu|opoulos|idis|akis|"
+                             r"shvili|adze|oglu|oğlu|yan|sson|sen|berg|stein|mann|ez|ov|ova|ev|eva|elli|etti|"
+                             r"ucci|eira|inho|ová)$")
+
+
+def fold(word: str) -> str:
+    """``Lucía`` -> ``Lucia``: name lists are matched without accents."""
+    return "".join(ch for ch in unicodedata.normalize("NFKD", word) if not unicodedata.combining(ch))
+
+
+def _given(word: str) -> bool:
+    return fold(word) in GIVEN_NAMES or fold(word.capitalize()) in GIVEN_NAMES
+
+
+def _surname(word: str) -> bool:
+    return fold(word) in SURNAMES
 
 
 def _is_cap(word: str) -> bool:
@@ -50,13 +73,10 @@ def _name_run(words: list[re.Match], i: int) -> int:
     j, last_cap = i, i
     while j < len(words) and j - i < 5:
         w = words[j].group()
-        gap = words[j].start() - words[j - 1].end() if j > i else 0
-        if j > i and (gap > 2 or words[j - 1].group().endswith("-") or "\n" in
-                      words[j - 1].string[words[j - 1].end():words[j].start()]):
-            break
-        sep = words[j].string[words[j - 1].end():words[j].start()] if j > i else ""
-        if j > i and sep.strip() not in ("", "."):
-            break
+        if j > i:
+            sep = w_sep(words, j)
+            if sep.strip() not in ("", ".") or "\n" in sep or len(sep) > 2:
+                break
         if _is_cap(w) and w not in _NOT_NAMES:
             last_cap = j + 1
         elif not (j > i and w.lower() in _PARTICLES):
@@ -65,26 +85,31 @@ def _name_run(words: list[re.Match], i: int) -> int:
     return last_cap
 
 
+def w_sep(words: list[re.Match], j: int) -> str:
+    return words[j].string[words[j - 1].end():words[j].start()]
+
+
 def people(text: str) -> Iterator[Span]:
     words = list(_WORD.finditer(text))
     i = 0
     while i < len(words):
         w = words[i].group()
-        if not _is_cap(w) or w in _NOT_NAMES or len(w) < 2:
-            i += 1
-            continue
-        end = _name_run(words, i)
-        if end <= i:
+        if _is_cap(w) and w not in _NOT_NAMES and len(w) >= 2:
+            end = _name_run(words, i)
+        elif w.islower() and _given(w) and w.capitalize() not in AMBIGUOUS_GIVEN:
+            end = i + 1  # "my name is sarah", "im kofi": a known name typed in lower case, after context only
+        else:
             i += 1
             continue
         run = [m.group().rstrip("'’-") for m in words[i:end]]
         before = text[max(0, words[i].start() - 48):words[i].start()]
-        if _accept(run, before, sentence_start=_starts_sentence(text, words[i].start())):
-            start, stop = words[i].start(), words[end - 1].end()
+        if run and _accept(run, before, sentence_start=_starts_sentence(text, words[i].start()),
+                           lower=w.islower()):
+            start, stop = words[i].start(), words[end - 1].end() - (len(words[end - 1].group()) - len(run[-1]))
             title = _TITLE.search(before)
             if title:  # "Dr. Ayesha Siddiqui" is masked whole: a title next to a placeholder still narrows it down
                 start -= len(before) - title.start()
-            yield start, stop - (len(words[end - 1].group()) - len(run[-1])), "PERSON"
+            yield start, stop, "PERSON"
             i = end
         else:
             i += 1
@@ -95,21 +120,23 @@ def _starts_sentence(text: str, pos: int) -> bool:
     return not prefix or prefix[-1] in ".!?\n:;"
 
 
-def _accept(run: list[str], before: str, sentence_start: bool) -> bool:
+def _accept(run: list[str], before: str, sentence_start: bool, lower: bool = False) -> bool:
     first, last = run[0], run[-1]
-    if _STRONG_CONTEXT.search(before) or _TITLE.search(before):
+    strong = bool(_STRONG_CONTEXT.search(before) or _TITLE.search(before))
+    weak = bool(_WEAK_CONTEXT.search(before))
+    if lower:
+        return strong or weak
+    if strong:
         return True
-    known_first = first in GIVEN_NAMES and first not in AMBIGUOUS_GIVEN
-    known_last = len(run) > 1 and last in SURNAMES
-    if len(run) > 1 and (first in GIVEN_NAMES or known_last):
-        return not (sentence_start and first in AMBIGUOUS_GIVEN and not known_last)
-    if known_first:
+    ambiguous = fold(first) in AMBIGUOUS_GIVEN
+    known_last = len(run) > 1 and (_surname(last) or bool(_SURNAME_ENDING.search(last)) and len(last) > 4)
+    if len(run) > 1 and (_given(first) or known_last):
+        return not (sentence_start and ambiguous and not known_last and not weak)
+    if _given(first) and not ambiguous:
         return True
-    if len(run) > 1 and first in SURNAMES and first not in AMBIGUOUS_GIVEN and not sentence_start:
+    if len(run) > 1 and _surname(first) and not ambiguous and not sentence_start:
         return True  # family name first: "Nguyen Van An", "Zhang Wei"
-    if _WEAK_CONTEXT.search(before) and (first in GIVEN_NAMES or first in SURNAMES):
-        return True
-    return False
+    return weak and (_given(first) or _surname(first))
 
 
 # --------------------------------------------------------------------------------------------- street address
