@@ -99,12 +99,31 @@ def per_rank(records: list[dict[str, Any]], profiled: bool = False) -> list[dict
     return out
 
 
-def stragglers(ranks: list[dict[str, Any]]) -> list[int]:
-    busy = [r["busy_s"] for r in ranks if r["busy_s"] is not None]
-    if len(busy) < 2:
-        return []
-    median = statistics.median(busy)
-    return [r["rank"] for r in ranks if r["busy_s"] is not None and r["busy_s"] > STRAGGLER * median]
+def stragglers(ranks: list[dict[str, Any]], pp: int = 1) -> list[int]:
+    """Ranks whose busy time exceeds their pipeline stage's median rank's (stages do different work: the
+    first holds the embedding, the last the head and the loss; they are compared by :func:`stage_balance`)."""
+    out = []
+    for group in _stage_groups(ranks, pp).values():
+        busy = [r["busy_s"] for r in group if r["busy_s"] is not None]
+        if len(busy) < 2:
+            continue
+        median = statistics.median(busy)
+        out += [r["rank"] for r in group if r["busy_s"] is not None and r["busy_s"] > STRAGGLER * median]
+    return sorted(out)
+
+
+def _stage_groups(ranks: list[dict[str, Any]], pp: int) -> dict[int, list[dict[str, Any]]]:
+    """Ranks by pipeline stage: the mesh is (pp, dp_replicate, dp_shard, tp), pp outermost."""
+    per_stage = max(len(ranks) // max(pp, 1), 1)
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in ranks:
+        groups.setdefault(r["rank"] // per_stage, []).append(r)
+    return groups
+
+
+def stage_balance(ranks: list[dict[str, Any]], pp: int) -> list[float | None]:
+    """Median busy seconds of each pipeline stage's ranks."""
+    return [_median([r["busy_s"] for r in group]) for _, group in sorted(_stage_groups(ranks, pp).items())]
 
 
 def predicted(cfg, world: int, prediction: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +162,14 @@ def recommend(cfg, layout, meas: dict[str, Any], pred: dict[str, Any], slow_rank
         out.append({"change": f"lower parallel.tp (now {layout.tp}) or keep it inside one node",
                     "why": f"collectives take {comm:.0%} of a profiled step; tensor parallelism communicates "
                            "in every layer, on the critical path"})
+    stages = stage_balance(ranks, layout.pp) if layout.pp > 1 else []
+    if len(stages) > 1 and all(stages) and max(stages) > STRAGGLER * min(stages):
+        slowest = stages.index(max(stages))
+        out.append({"change": "balance the pipeline stages (the engine splits layers evenly; the first stage "
+                              "also runs the embedding, the last the head and the loss): fewer stages, or more "
+                              "layers per stage so the ends weigh less",
+                    "why": f"stage {slowest} is busy {max(stages) * 1e3:.1f} ms per step against "
+                           f"{min(stages) * 1e3:.1f} ms for the lightest; the others wait for it"})
     if layout.pp > 1 and pred["bubble"] > 0.1:
         out.append({"change": f"more pipeline micro-batches (parallel.microbatches, now {layout.microbatches}) or "
                               "parallel.pp_schedule=interleaved-1f1b",
@@ -227,8 +254,8 @@ def diagnose(run_dir: str, profile_steps: int | None, work_dir: Path) -> dict[st
         source = f"a profiled copy ({len(records)} steps, {origin})"
     meas = measured(records, profiled)
     ranks = per_rank(records, profiled)
-    slow = stragglers(ranks)
     pred, layout = predicted(cfg, world, prediction)
+    slow = stragglers(ranks, layout.pp)
     if layout.pp > 1 and ranks and ranks[0]["comm_s"] is not None:
         meas["pipeline_wait_share"] = _median([r["comm_s"] / r["profiled_step_s"] for r in ranks
                                                if r["profiled_step_s"]])
@@ -236,6 +263,7 @@ def diagnose(run_dir: str, profile_steps: int | None, work_dir: Path) -> dict[st
         meas["pipeline_wait_share"] = None
     return {"run_dir": str(run), "source": source, "nproc": world, "layout": layout.describe(),
             "measured": meas, "predicted": pred, "ranks": ranks, "stragglers": slow,
+            "stage_busy_s": stage_balance(ranks, layout.pp) if layout.pp > 1 else None,
             "recommendations": recommend(cfg, layout, meas, pred, slow, ranks),
             "profiled_run": str(profiled_dir) if profiled_dir else None,
             "traces": sorted(str(p) for p in (work_dir / "traces").glob("*.json")) if profiled_dir else []}
