@@ -161,3 +161,6 @@ def test_straggler_is_named_with_a_reason():
     recs = slow.recommend(cfg, layout, slow.measured([rec, rec]), pred, [1], ranks)
     assert any("rank 1" in r["change"] for r in recs)
     assert any("collectives take 50%" in r["why"] for r in recs)
+    # two pipeline stages do different work: imbalance is reported per stage, not as a straggler
+    staged = [dict(r, busy_s=b) for r, b in zip(ranks[:2], (0.1, 0.4))]
+    assert slow.stage_balance(staged, 2) == [0.1, 0.4] and slow.stragglers(staged, 2) == []
