@@ -145,7 +145,9 @@ _DDP2, _FSDP2, _TP2 = (["parallel.dp_replicate=2", "parallel.dp_shard=1"], ["par
 @pytest.mark.parametrize("objective, layout", [
     *[(objective, layout) for objective in ("sft", "dpo") for layout in (_DDP2, _FSDP2, _TP2)],
     ("reward", _DDP2), ("reward", _FSDP2),  # the score head refuses tp > 1
-], ids=["sft-ddp2", "sft-fsdp2", "sft-tp2", "dpo-ddp2", "dpo-fsdp2", "dpo-tp2", "reward-ddp2", "reward-fsdp2"])
+    ("dpo", [*_FSDP2, "objective.loss_type=kto"]),  # KTO's reference point is summed over the dp group
+], ids=["sft-ddp2", "sft-fsdp2", "sft-tp2", "dpo-ddp2", "dpo-fsdp2", "dpo-tp2", "reward-ddp2", "reward-fsdp2",
+        "kto-fsdp2"])
 def test_parity_with_single_device(objective, layout):
     proc = meshlm("diagnose", "parity", *_sets(f"training.objective={objective}", *layout), "--nproc", "2",
                   "--steps", "3", "--json", check=False)

@@ -10,16 +10,19 @@ from dataclasses import dataclass
 from meshlm.config.base import option
 from meshlm.errors import ConfigError
 
-LOSS_TYPES = ("sigmoid", "ipo", "simpo", "hinge", "orpo")
+LOSS_TYPES = ("sigmoid", "ipo", "simpo", "hinge", "orpo", "kto")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 @dataclass
 class ObjectiveConfig:
     beta: float = option(0.0, "DPO family: the temperature β; 0 means the loss type's default (0.1 for sigmoid, "
-                              "ipo, hinge and orpo's λ; 2.0 for simpo).")
+                              "ipo, hinge, kto and orpo's λ; 2.0 for simpo).")
     loss_type: str = option("sigmoid", "DPO family loss: sigmoid (DPO), ipo, simpo (reference-free), hinge, "
-                                       "orpo (reference-free).", choices=LOSS_TYPES)
+                                       "orpo (reference-free), kto (unpaired rows with a label, or preference "
+                                       "rows split into a desirable and an undesirable item).", choices=LOSS_TYPES)
+    desirable_weight: float = option(1.0, "KTO: weight λ_D of the desirable items' loss.")
+    undesirable_weight: float = option(1.0, "KTO: weight λ_U of the undesirable items' loss.")
     label_smoothing: float = option(0.0, "cDPO label smoothing ε in [0, 0.5) (sigmoid and simpo).")
     simpo_gamma: float = option(0.5, "SimPO's target margin γ.")
     ipo_normalize: bool = option(True, "IPO: divide each log-ratio by its token count (TRL) instead of using the "
@@ -62,6 +65,9 @@ class ObjectiveConfig:
             raise ConfigError(f"objective.beta must be >= 0 (0 = the loss type's default), got {self.beta}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"objective.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.desirable_weight < 0 or self.undesirable_weight < 0:
+            raise ConfigError("objective.desirable_weight and objective.undesirable_weight must be >= 0; got "
+                              f"{self.desirable_weight}, {self.undesirable_weight}")
         if self.reward_center_coef < 0:
             raise ConfigError(f"objective.reward_center_coef must be >= 0, got {self.reward_center_coef}")
         if not 0 <= self.eval_fraction < 1:

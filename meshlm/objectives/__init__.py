@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.objectives.base import Objective, ObjectiveContext
+from meshlm.objectives.kto import KTOObjective
 from meshlm.objectives.preference import PreferenceObjective
 from meshlm.objectives.pretrain import NextTokenObjective
 from meshlm.objectives.reward import RewardObjective
@@ -17,8 +18,10 @@ OBJECTIVES = {"pretrain": NextTokenObjective, "sft": SFTObjective, "reward": Rew
 def build_objective(name: str, cfg: ObjectiveConfig | None = None) -> Objective:
     """The objective ``training.objective`` names, configured by the ``[objective]`` section."""
     cls = OBJECTIVES[name]
+    if cls is PreferenceObjective and cfg is not None and cfg.loss_type == "kto":
+        cls = KTOObjective  # the DPO family's unpaired member: its own data and reference point
     return cls() if cls is NextTokenObjective else cls(cfg or ObjectiveConfig())
 
 
 __all__ = ["Objective", "ObjectiveContext", "NextTokenObjective", "SFTObjective", "RewardObjective",
-           "PreferenceObjective", "PPOObjective", "GRPOObjective", "OBJECTIVES", "build_objective"]
+           "PreferenceObjective", "KTOObjective", "PPOObjective", "GRPOObjective", "OBJECTIVES", "build_objective"]

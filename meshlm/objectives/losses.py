@@ -22,6 +22,10 @@ Definitions and defaults (docs/post-training.md has the table):
 - ORPO (Hong et al. 2024, arXiv 2403.07691): ``−ℓ̄⁺ − λ·log σ(log odds(y⁺) − log odds(y⁻))`` with
   ``log odds(y) = ℓ̄ − log(1 − exp ℓ̄)``, reference-free, λ = β = 0.1. The NLL term is per pair here (TRL averages
   it over the batch's chosen tokens).
+- KTO (Ethayarajh et al. 2024, arXiv 2402.01306, eq. 7; TRL's KTOTrainer), unpaired: with r = log πθ(y|x) −
+  log πref(y|x) and the reference point z₀ = max(0, mean over mismatched pairs (x, y') of log πθ(y'|x) −
+  log πref(y'|x)), detached: desirable ``λ_D·(1 − σ(β(r − z₀)))``, undesirable ``λ_U·(1 − σ(β(z₀ − r)))``;
+  β = 0.1, λ_D = λ_U = 1.
 - Rewards logged under TRL's names: β·(log πθ − log πref) for DPO/IPO/hinge, β·ℓ̄ for SimPO and ORPO.
 - Bradley–Terry reward model (Ouyang et al. 2022; TRL's RewardTrainer): ``−log σ(r⁺ − r⁻ − m) + c·(r⁺ + r⁻)²``.
 """
@@ -38,7 +42,7 @@ from meshlm.objectives.base import IGNORE_INDEX
 
 PREFERENCE_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 REFERENCE_FREE = frozenset({"simpo", "orpo"})
-DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "hinge": 0.1, "simpo": 2.0, "orpo": 0.1}
+DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "hinge": 0.1, "simpo": 2.0, "orpo": 0.1, "kto": 0.1}
 DEFAULT_SIMPO_GAMMA = 0.5
 
 
@@ -157,6 +161,31 @@ def preference_loss(loss_type: str, policy: SequenceLogps, reference: SequenceLo
     if loss_type == "ipo":
         return ipo_loss(pc, pr, rc, rr, nc, nr, beta, ipo_normalize)
     return hinge_loss(pc, pr, rc, rr, beta)
+
+
+@dataclass
+class KTOLoss:
+    losses: torch.Tensor  # (N,) one per item
+    rewards: torch.Tensor  # (N,) β·(log πθ − log πref), detached
+    desirable: torch.Tensor  # (N,) bool
+
+
+def kto_reference_point(policy_kl: torch.Tensor, ref_kl: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, count) of the KL rows' log-ratios log πθ(y'|x) − log πref(y'|x), detached: the caller sums both
+    over every rank (and micro-batch) of the global batch, then z₀ = max(0, sum / count)."""
+    diff = (policy_kl - ref_kl).detach().float()
+    return diff.sum(), torch.tensor(float(diff.numel()), device=diff.device)
+
+
+def kto_loss(policy: torch.Tensor, reference: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor | float,
+             beta: float = 0.1, desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> KTOLoss:
+    """KTO (module docstring). ``policy``/``reference``: (N,) summed response log-probs of each item;
+    ``desirable``: (N,) bool; ``kl``: the reference point z₀ (already clamped at 0, detached)."""
+    ratio = policy - reference
+    kl = torch.as_tensor(kl, dtype=ratio.dtype, device=ratio.device).detach()
+    losses = torch.where(desirable, desirable_weight * (1 - torch.sigmoid(beta * (ratio - kl))),
+                         undesirable_weight * (1 - torch.sigmoid(beta * (kl - ratio))))
+    return KTOLoss(losses, beta * ratio.detach(), desirable)
 
 
 def preference_metrics(out: PreferenceLoss) -> dict[str, torch.Tensor]:

@@ -28,6 +28,7 @@ from meshlm.data.posttrain import (
     encode_examples,
     encode_pairs,
     encode_prompts,
+    encode_unpaired,
     pad_id_for,
     read_rows,
 )
@@ -104,7 +105,8 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
     """Tokenizer, encoded rows and loaders for ``data_kind`` ("sft" or "preference")."""
     tokenizer, tok_dir = load_tokenizer(cfg)
     path = data_path(cfg)
-    rows = read_rows(path, objective=cfg.training.objective)
+    kto = cfg.training.objective == "dpo" and cfg.objective.loss_type == "kto"
+    rows = read_rows(path, objective="kto" if kto else cfg.training.objective)
     train_rows, eval_rows = split_rows(rows, cfg.objective.eval_fraction, cfg.training.eval_interval > 0)
     encoder = RowEncoder(tokenizer, tok_dir)
     seq_len, tc = cfg.data.seq_len, cfg.training
@@ -117,7 +119,7 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
             return SFTLoader(examples, seq_len, batch, packing=cfg.objective.packing, **common, **kw), stats
     elif data_kind == "preference":
         def loader(subset, batch, offset=0, **kw):
-            pairs, stats = encode_pairs(subset, encoder, seq_len)
+            pairs, stats = (encode_unpaired if kto else encode_pairs)(subset, encoder, seq_len)
             return PairMajor(PreferenceLoader(pairs, seq_len, batch, **common, **kw), offset), stats
     elif data_kind == "prompt":
         def loader(subset, batch, offset=0, **kw):

@@ -15,6 +15,7 @@ from meshlm.data.posttrain.encode import (
     encode_examples,
     encode_pairs,
     encode_prompts,
+    encode_unpaired,
 )
 from meshlm.data.posttrain.loaders import PreferenceLoader, PromptLoader, SFTLoader
 from meshlm.data.posttrain.packing import build_sequence, plan_packing, plan_padded, row_labels
@@ -57,6 +58,7 @@ __all__ = [
     "encode_examples",
     "encode_pairs",
     "encode_prompts",
+    "encode_unpaired",
     "pad_id_for",
     "parse_row",
     "plan_packing",

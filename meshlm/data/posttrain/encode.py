@@ -10,6 +10,10 @@ the *response* everything from it on. The prompt keeps its end (and its leading 
 up to ``max_tokens`` (a cut response loses its eos). A preference pair cuts its shared prompt once, to fit the
 longer response, so chosen and rejected keep the same prompt. Truncated rows and dropped tokens are counted; a
 row left with no loss token is dropped and counted.
+
+KTO items (``encode_unpaired``): each unpaired row, or each side of a preference row, is one item; its second
+sequence is the KL row: its prompt with the completion of the item before it in data order (the first takes the
+last's), TRL's mismatched pairs but fixed by the data, not by who shares a batch.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class PreferencePair:
     rejected: Encoded
     prompt_len: int
     where: str
+    label: bool | None = None  # KTO items: chosen = the row, rejected = its KL row, label = desirable
 
 
 class RowEncoder:
@@ -91,6 +96,14 @@ class RowEncoder:
         encode = self.template.encode
         return tuple(encode(prompt + _as_messages(answer, "assistant"), loss_from=len(prompt), where=row.where)
                      for answer in (row.chosen, row.rejected))
+
+    def prompt_and_completion(self, prompt: Text, completion: Text, where: str) -> Encoded:
+        """Plain text by the plain-text rule; messages anywhere mean the chat template (loss on the completion)."""
+        if isinstance(prompt, str) and isinstance(completion, str):
+            return self.prompt_completion(prompt, completion)
+        messages = _as_messages(prompt, "user")
+        return self.template.encode(messages + _as_messages(completion, "assistant"), loss_from=len(messages),
+                                    where=where)
 
     def prompt(self, row: Row) -> list[int]:
         """A prompt to generate from (PPO/GRPO): ``[bos] + encode(prompt)``, or the chat prompt for messages."""
@@ -156,6 +169,42 @@ def encode_pairs(rows: Sequence[Row], encoder: RowEncoder, max_tokens: int) -> t
         _count(stats, rejected)
     stats.examples = len(out)
     return out, stats
+
+
+def encode_unpaired(rows: Sequence[Row], encoder: RowEncoder, max_tokens: int) -> tuple[list[PreferencePair],
+                                                                                        EncodeStats]:
+    """KTO items (module docstring): unpaired rows, and preference rows as a desirable and an undesirable item
+    (TRL's unpairing). Each sequence is truncated on its own; an item whose row keeps no loss token is dropped."""
+    stats = EncodeStats(rows=len(rows))
+    items: list[tuple[Text, Text, bool, str]] = []
+    for row in rows:
+        if row.kind == "unpaired":
+            items.append((row.prompt, row.completion, bool(row.label), row.where))
+        elif row.kind == "preference":
+            items += [(row.prompt, row.chosen, True, row.where), (row.prompt, row.rejected, False, row.where)]
+        else:
+            raise DataError(f"{row.where}: a {row.kind} row is neither unpaired (prompt, completion, label) nor a "
+                            "preference row, which KTO reads")
+    out = []
+    for i, (prompt, completion, label, where) in enumerate(items):
+        real = _truncated(encoder.prompt_and_completion(prompt, completion, where), encoder, max_tokens, stats)
+        other = items[i - 1][1]  # the previous item's completion (i = 0 takes the last's)
+        kl = _truncated(encoder.prompt_and_completion(prompt, other, where), encoder, max_tokens, stats)
+        if _first_loss(real) is None:
+            stats.drop(where)
+            continue
+        out.append(PreferencePair(real, kl, _first_loss(real), where, label))
+        _count(stats, real)
+    stats.examples = len(out)
+    return out, stats
+
+
+def _truncated(enc: Encoded, encoder: RowEncoder, max_tokens: int, stats: EncodeStats) -> Encoded:
+    first = _first_loss(enc)
+    if first is None or len(enc.ids) <= max_tokens:
+        return enc
+    keep = _prompt_keep(first, len(enc.ids) - first, max_tokens)
+    return _cut(enc, first, keep, max_tokens, encoder.tokenizer.bos_id, stats)
 
 
 def encode_prompts(rows: Sequence[Row], encoder: RowEncoder, max_tokens: int) -> tuple[list[list[int]], EncodeStats]:

@@ -166,7 +166,9 @@ class PreferenceLoader(_OrderedLoader):
             raise DataError(f"a preference sequence has {longest} tokens, more than seq_len {seq_len}; "
                             "truncate pairs first (encode_pairs)")
         sides = [e for p in self.pairs for e in (p.chosen, p.rejected)]
-        self._order = _Order("preference", len(self.pairs), _fingerprint(sides, "preference"), seq_len,
+        self.labelled = bool(self.pairs) and self.pairs[0].label is not None  # KTO items (encode_unpaired)
+        tag = "preference" + ("".join("1" if p.label else "0" for p in self.pairs) if self.labelled else "")
+        self._order = _Order("preference", len(self.pairs), _fingerprint(sides, tag), seq_len,
                              global_batch_size, dp_rank, dp_size, seed, shuffle)
 
     def next_batch(self) -> dict[str, torch.Tensor]:
@@ -194,6 +196,8 @@ class PreferenceLoader(_OrderedLoader):
         out["prompt_lengths"] = torch.tensor([p.prompt_len for p in picked] * 2, dtype=torch.long)  # (2B,)
         out["lengths"] = torch.tensor([len(e.ids) for e in sides], dtype=torch.long)  # (2B,)
         out["index"] = torch.tensor(list(items) * 2, dtype=torch.long)  # (2B,) each row's pair number
+        if self.labelled:  # KTO: (2B,) the item's label on both its rows
+            out["desirable"] = torch.tensor([bool(p.label) for p in picked] * 2, dtype=torch.bool)
         return out
 
 

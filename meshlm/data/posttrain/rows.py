@@ -5,6 +5,8 @@ Row kinds (see docs/post-training.md):
 - ``conversation``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``
 - ``prompt_completion``: ``{"prompt": str, "completion": str}``
 - ``preference``: ``{"prompt": str|messages, "chosen": str|messages, "rejected": str|messages}``
+- ``unpaired``: ``{"prompt": str|messages, "completion": str|messages, "label": bool}`` (KTO: a desirable
+  (true) or undesirable (false) completion, TRL's unpaired preference format)
 - ``prompt``: ``{"prompt": str|messages, ...}``; the other fields are kept in ``Row.extra`` (a reward function
   may read them).
 
@@ -32,12 +34,13 @@ Text = Union[str, list[Message]]  # a plain string or a list of messages
 OBJECTIVE_KINDS: dict[str, tuple[str, ...]] = {
     "sft": ("conversation", "prompt_completion"),
     "dpo": ("preference",),
+    "kto": ("unpaired", "preference"),  # objective "dpo" with loss_type "kto"; a preference row gives two items
     "reward": ("preference",),
     "ppo": ("prompt",),
     "grpo": ("prompt",),
 }
-_KIND_HELP = ('{"messages": [...]}, {"prompt", "completion"}, {"prompt", "chosen", "rejected"} or {"prompt"} '
-              "(prompts only)")
+_KIND_HELP = ('{"messages": [...]}, {"prompt", "completion"}, {"prompt", "chosen", "rejected"}, {"prompt", '
+              '"completion", "label"} or {"prompt"} (prompts only)')
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,11 @@ class Row:
     where: str  # "file:line"
     messages: list[Message] | None = None
     prompt: Text | None = None
-    completion: str | None = None
+    completion: Text | None = None  # a string, or assistant messages for an unpaired row
     chosen: Text | None = None
     rejected: Text | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    label: bool | None = None  # unpaired rows: desirable (True) or undesirable (False)
 
 
 def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike], objective: str | None = None) -> list[Row]:
@@ -123,6 +127,16 @@ def parse_row(record: dict[str, Any], where: str) -> Row:
         return Row("preference", where, prompt=_text(record["prompt"], where, "prompt"),
                    chosen=_text(record["chosen"], where, "chosen", assistant=True),
                    rejected=_text(record["rejected"], where, "rejected", assistant=True))
+    if "label" in record and "completion" in record:
+        for key in ("prompt", "completion"):
+            if key not in record:
+                raise DataError(f"{where}: unpaired row without field {key!r}; it needs prompt, completion and label")
+        if not isinstance(record["label"], bool):
+            raise DataError(f"{where}: field 'label' is {record['label']!r}; use true (desirable) or false "
+                            "(undesirable)")
+        return Row("unpaired", where, prompt=_text(record["prompt"], where, "prompt"),
+                   completion=_text(record["completion"], where, "completion", assistant=True),
+                   label=record["label"])
     if "prompt" in record and "completion" in record:
         return Row("prompt_completion", where, prompt=_string(record["prompt"], where, "prompt"),
                    completion=_string(record["completion"], where, "completion"))
