@@ -64,9 +64,10 @@ def training_oom_error(trainer, exc: BaseException) -> OutOfMemory:
     config = Path(trainer.run_dir) / "config.resolved.toml"
     nproc = f" --nproc {world}" if world > 1 else ""
     hw = run_hardware(trainer)  # the preset of this device; None for a GPU the planner does not know
+    gpu = hw.name if hw else "GPU"
     return OutOfMemory(
         f"out of memory in step {trainer.step + 1} on rank {engine.rank} ({trainer.device}): {first[:200]}; "
-        f"{breakdown}; run `meshlm diagnose oom {config}{nproc} --gpu {hw.name if hw else 'GPU'}` for the remedies in order (smaller "
+        f"{breakdown}; run `meshlm diagnose oom {config}{nproc} --gpu {gpu}` for the remedies in order (smaller "
         f"micro-batch, activation checkpointing, sharding, TP/PP) and a config that fits (docs/troubleshooting.md)")
 
 

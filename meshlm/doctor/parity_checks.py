@@ -190,8 +190,8 @@ def dropout_checks(ranks: list[dict[str, Any]]) -> list[dict[str, str]]:
         return [check("dropout_settings", PASS, "no dropout module with p > 0: training draws no random masks"),
                 check("dropout_rng_streams", PASS, f"no dropout, so the {streams} distinct RNG stream(s) over "
                       f"{len(ranks)} ranks do not affect training")]
-    names = ", ".join(f"{m} p={p:g}" for m, p in list(active.items())[:4])
-    out = [check("dropout_settings", WARN, f"{len(active)} dropout modules are active ({names}{', ...' if len(active) > 4 else ''}): "
+    names = ", ".join(f"{m} p={p:g}" for m, p in list(active.items())[:4]) + (", ..." if len(active) > 4 else "")
+    out = [check("dropout_settings", WARN, f"{len(active)} dropout modules are active ({names}): "
                  "a parallel layout draws other masks than one device, so per-step parity is not expected; set "
                  "the rates to 0 (e.g. lora.dropout=0) to check parity")]
     by_stream: dict[str, set[int]] = defaultdict(set)

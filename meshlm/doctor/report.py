@@ -56,7 +56,8 @@ def print_slow(r: dict[str, Any]) -> None:
     print(f"  pipeline bubble  {_pct(p['bubble'])} predicted; waiting in pipeline receives "
           f"{_pct(m['pipeline_wait_share'])} measured (includes the bubble)")
     if r["ranks"]:
-        print(f"  {'rank':>4} {'window s':>9} {'profiled s':>11} {'comm s':>9} {'busy s':>9} {'data s':>9} {'optim s':>9}")
+        heads = ("window s", "profiled s", "comm s", "busy s", "data s", "optim s")
+        print(f"  {'rank':>4} " + " ".join(f"{h:>9}" for h in heads))
         for k in r["ranks"]:
             cells = [k[c] for c in ("step_time_s", "profiled_step_s", "comm_s", "busy_s", "data_wait_s",
                                     "optimizer_s")]
