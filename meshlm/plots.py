@@ -38,9 +38,10 @@ def _save(fig, out: Path) -> None:
     tmp.replace(out)
 
 
-def plot_curves(run_dirs: list[Path], out: Path) -> Path:
+def plot_curves(run_dirs: list[Path], out: Path, metrics: list[str] | None = None) -> Path:
     """Loss (+ held-out loss), learning rate, throughput and memory of each run, overlaid and labelled by folder
-    name, as 2x2 panels in one PNG. Raises DataError for a run without metrics."""
+    name, as 2x2 panels in one PNG; ``metrics`` names other metrics.jsonl keys to draw instead, one panel each
+    (with the ``eval_`` key beside it when logged). Raises DataError for a run without metrics."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,13 +57,17 @@ def plot_curves(run_dirs: list[Path], out: Path) -> Path:
     names = [path.name for path, _ in runs]  # two runs both called "run": label them parent/run
     runs = [(path.name if names.count(path.name) == 1 else f"{path.parent.name}/{path.name}", records)
             for path, records in runs]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), dpi=110)
-    for ax, (key, title, ylabel) in zip(axes.flat, CURVE_PANELS):
+    panels = [(key, key, key) for key in metrics] if metrics else list(CURVE_PANELS)
+    rows = math.ceil(len(panels) / 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.5 * rows), dpi=110, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (key, title, ylabel) in zip(axes.flat, panels):
         for i, (label, records) in enumerate(runs):
             color = f"C{i % 10}"
             _curve(ax, records, key, label, color, "-")
-            if key == "loss":
-                _curve(ax, records, "eval_loss", f"{label} (held-out)", color, "o--")
+            if key == "loss" or (metrics and not key.startswith("eval_")):
+                _curve(ax, records, f"eval_{key}", f"{label} (held-out)", color, "o--")
         ax.set(title=title, xlabel="step", ylabel=ylabel)
         ax.grid(alpha=0.3)
         if ax.has_data():
