@@ -32,6 +32,11 @@ ENV = "MESHLM_PARITY_PROBE"
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
 
+def _plain(name: str) -> str:
+    """A name without DDP's ``module.`` prefix (the single device's name)."""
+    return name[len("module."):] if name.startswith("module.") else name
+
+
 def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
 
@@ -51,13 +56,12 @@ class ParityProbe:
             for part in trainer.model_parts:
                 for name, p in part.named_parameters():
                     full = p.full_tensor() if hasattr(p, "full_tensor") else p  # DTensor: gathered over its mesh
-                    name = canonical_name(name)
-                    params[name[len("module."):] if name.startswith("module.") else name] = _sha(full)  # DDP
+                    params[_plain(canonical_name(name))] = _sha(full)
         rng = [hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()]
         if trainer.device.type == "cuda":
             rng.append(hashlib.sha256(torch.cuda.get_rng_state(trainer.device).numpy().tobytes()).hexdigest())
-        dropout = [{"module": n, "p": m.p} for part in trainer.model_parts for n, m in part.named_modules()
-                   if isinstance(m, nn.Dropout) and m.p > 0]
+        dropout = [{"module": _plain(canonical_name(n)), "p": m.p} for part in trainer.model_parts
+                   for n, m in part.named_modules() if isinstance(m, nn.Dropout) and m.p > 0]
         self.record: dict[str, Any] = {
             "rank": engine.rank, "coords": _coords(engine), "dp_rank": engine.dp_rank, "dp_size": engine.dp_size,
             "seed": trainer.cfg.training.seed, "params": params, "rng": "/".join(rng), "dropout": dropout,
