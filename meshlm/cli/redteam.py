@@ -80,7 +80,6 @@ def _model_attack(args: argparse.Namespace, seeds: list) -> tuple[list[dict], di
 
 def build_judge(name: str, model: str | None):
     """``(prompts, responses) -> labels`` from safety-eval's judges (meshlm.safety.judge)."""
-    from meshlm.safety.judge import load_judge
+    from meshlm.safety.judge import make_judge
 
-    judge = load_judge(name, model)
-    return lambda prompts, responses: judge.label_many(prompts, responses)
+    return make_judge(name, model=model).label

@@ -3,8 +3,8 @@
 Both the red-team attacker and the constitutional loop only need single-turn chat: each prompt is one user
 message and the reply is the assistant's turn. A checkpoint goes through its own chat template (meshlm's
 ``<|user|> ... <|end|><|assistant|>`` or a converted model's Jinja template) and the batched KV-cache sampler
-(meshlm/generate/rollout.py), stopping at eos or the template's ``<|end|>``; an endpoint goes through
-meshlm.safety.endpoint. A model source is written ``http(s)://...`` (an endpoint, with a model name) or a path
+(meshlm/generate/rollout.py), stopping at eos or the template's ``<|end|>`` (meshlm.safety.generation); an
+endpoint goes through meshlm.safety.endpoint. A model source is written ``http(s)://...`` (an endpoint, with a model name) or a path
 (a run directory or a checkpoint folder).
 """
 
@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-from meshlm.errors import CheckpointError, ConfigError
+from meshlm.errors import ConfigError
 
 Generate = Callable[[list[str]], list[str]]
 
@@ -45,47 +43,17 @@ def generate_fn(source: str, model: str | None = None, *, max_new_tokens: int = 
 
 def checkpoint_generate_fn(path: str | Path, *, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                            batch_size: int = 8, device: str = "cpu") -> Generate:
-    """Replies from a meshlm checkpoint, ``batch_size`` prompts decoded together. A prompt longer than the
-    context leaves keeps its end (the request), and its leading bos."""
-    from meshlm.checkpoint.load import model_from_checkpoint
-    from meshlm.data.posttrain import RowEncoder, pad_id_for
-    from meshlm.generate.rollout import SamplingConfig, rollout
-    from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
-    from meshlm.tokenizer import MeshTokenizer
+    """Replies from a meshlm checkpoint (safety-eval's :class:`CheckpointGenerator`), ``batch_size`` prompts
+    decoded together so that memory stays bounded however many prompts there are."""
+    from meshlm.safety.generation import CheckpointGenerator
 
-    model, cfg, _, ckpt = model_from_checkpoint(path, device)
-    if cfg.training.objective == "reward":
-        raise CheckpointError(f"{ckpt} is a reward model (a score head) and cannot generate; pass a policy "
-                              "checkpoint")
-    tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
-    template = RowEncoder(tokenizer, ckpt).template
-    special = tokenizer.special_ids
-    eos = set(checkpoint_eos_ids(ckpt, tokenizer.eos_id)) | ({special["<|end|>"]} if "<|end|>" in special else set())
-    sampling = SamplingConfig(max_new_tokens, tuple(sorted(eos)), pad_id_for(tokenizer),
-                              temperature=temperature or 1.0, greedy=temperature == 0,
-                              vocab_limit=tokenizer.vocab_size)
-    budget = cfg.model.max_seq_len - max_new_tokens
-    if budget < 8:
-        raise ConfigError(f"--max-new-tokens {max_new_tokens} leaves {budget} prompt tokens of the model's "
-                          f"{cfg.model.max_seq_len}; lower it")
-    generator = torch.Generator(device=device).manual_seed(seed)
-    bos = tokenizer.bos_id
-
-    def prompt_ids(text: str) -> list[int]:
-        ids = template.encode_prompt([{"role": "user", "content": text}])
-        if len(ids) > budget:
-            head = ids[:1] if bos is not None and ids[0] == bos else []
-            ids = head + ids[len(ids) - (budget - len(head)):]
-        return ids
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    model = CheckpointGenerator(path, max_new_tokens=max_new_tokens, device=device, greedy=temperature == 0,
+                                temperature=temperature or 1.0, seed=seed)
 
     def generate(prompts: list[str]) -> list[str]:
-        replies = []
-        for start in range(0, len(prompts), batch_size):
-            out = rollout(model, [prompt_ids(p) for p in prompts[start:start + batch_size]], sampling,
-                          generator=generator, device=device)
-            for ids, mask in zip(out.response_ids.tolist(), out.response_mask.tolist()):
-                tokens = [t for t, m in zip(ids, mask) if m and t not in eos]
-                replies.append(tokenizer.decode(tokens, skip_special_tokens=True).strip())
-        return replies
+        return [reply for start in range(0, len(prompts), batch_size)
+                for reply in model(prompts[start:start + batch_size])]
 
     return generate
