@@ -1,0 +1,124 @@
+"""``meshlm judge``: label responses refuse | warn | answer, and train the judge and guard classifiers.
+
+    meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|trained:PATH|llm:URL#MODEL] [--json]
+    meshlm judge --train-judge LABELLED.jsonl --out DIR [--steps N] [--trunk RUN] [--json]
+    meshlm judge --train-guard LABELLED.jsonl --out DIR [--spec SPEC.toml] [--steps N] [--trunk RUN] [--json]
+
+INPUT rows are ``{"prompt", "response", ...}``; OUT has each row plus ``"label"``. LABELLED rows are
+``{"prompt", "response", "label", "category"}`` (``meshlm align data`` writes labelled_responses.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from meshlm.cli.jsonout import emit
+from meshlm.errors import ConfigError, DataError
+
+
+def register(sub, add_config_args) -> None:
+    p = sub.add_parser("judge", help="label responses refuse/warn/answer; train a judge or guard classifier",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", nargs="?", help="JSONL of {prompt, response} rows to label")
+    p.add_argument("--out", required=True, help="OUT.jsonl for labels; a folder with --train-judge/--train-guard")
+    p.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | llm:URL#MODEL")
+    train = p.add_mutually_exclusive_group()
+    train.add_argument("--train-judge", metavar="LABELLED.jsonl", help="train a classifier judge on labelled rows")
+    train.add_argument("--train-guard", metavar="LABELLED.jsonl", help="train a guard on labelled rows")
+    p.add_argument("--spec", help="behaviour spec for --train-guard (category policies); the embedded one by default")
+    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--trunk", help="start the classifier from this meshlm checkpoint (its weights and tokenizer)")
+    p.add_argument("--json", action="store_true", help="print a summary as JSON")
+    p.set_defaults(handler=run)
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...]) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist; give a JSONL file of {{{', '.join(required)}}} rows")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object")
+        for key in required:
+            if not isinstance(row.get(key), str):
+                raise DataError(f"{path}:{number}: {key!r} must be a string")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path} has no rows")
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.train_judge or args.train_guard:
+        if args.input:
+            raise ConfigError("give either INPUT (to label) or --train-judge/--train-guard, not both")
+        return _train(args)
+    if not args.input:
+        raise ConfigError("missing INPUT.jsonl: the {prompt, response} rows to label")
+    return _label(args)
+
+
+def _label(args: argparse.Namespace) -> int:
+    from meshlm.fileio import atomic_write_text
+    from meshlm.safety.judge import make_judge
+
+    rows = read_jsonl(args.input, ("response",))
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row.get("prompt", ""), str):
+            raise DataError(f"{args.input}: row {number}: 'prompt' must be a string")
+    judge = make_judge(args.judge)
+    labels = judge.label([r.get("prompt", "") for r in rows], [r["response"] for r in rows])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "".join(json.dumps({**r, "label": lab}, ensure_ascii=False) + "\n"
+                                   for r, lab in zip(rows, labels)))
+    counts = Counter(labels)
+    summary = {"judge": judge.name, "n": len(rows), "out": str(out),
+               "labels": {k: counts.get(k, 0) for k in ("refuse", "warn", "answer")}}
+    if "label" in rows[0] and all(r.get("label") in summary["labels"] for r in rows):
+        correct = sum(r["label"] == lab for r, lab in zip(rows, labels))
+        summary["accuracy_vs_input_labels"] = correct / len(rows)
+    if args.json:
+        emit(summary)
+    else:
+        print(f"judge {judge.name}: {len(rows)} rows -> {out} ({', '.join(f'{k} {v}' for k, v in summary['labels'].items())})")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from meshlm.safety.classifier import ClassifierConfig, TrainedJudge
+    from meshlm.safety.guard import Guard
+
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    source = args.train_judge or args.train_guard
+    rows = read_jsonl(source, ("prompt", "response", "label"))
+    cfg = ClassifierConfig(steps=args.steps)
+    print(f"training a {'judge' if args.train_judge else 'guard'} on {len(rows)} rows ({args.steps} steps)",
+          file=sys.stderr)
+    if args.train_judge:
+        model = TrainedJudge.train(rows, cfg, trunk=args.trunk)
+    else:
+        from meshlm.safety.spec import load_spec
+
+        spec = load_spec(args.spec)
+        model = Guard.train(rows, {name: c.policy for name, c in spec.categories.items()}, cfg, trunk=args.trunk)
+    folder = model.save(args.out)
+    summary = {"kind": "judge" if args.train_judge else "guard", "out": str(folder), **model.meta["training"]}
+    if args.json:
+        emit(summary)
+    else:
+        print(f"saved {summary['kind']} to {folder}: train accuracy {summary['train_accuracy']:.3f}, "
+              f"{summary['seconds']} s")
+    return 0
