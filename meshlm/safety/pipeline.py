@@ -1,0 +1,213 @@
+"""``meshlm align``: spec → data → (base) → SFT → DPO → red team → judged evaluation → gates, in one run dir.
+
+RUN_DIR/
+  align.resolved.toml   the config that ran
+  data/                 sft.jsonl, preference.jsonl, eval_prompts.jsonl, labelled_responses.jsonl, manifest.json
+  base/                 the pretrained base (a short pretraining on the embedded corpus), unless base.checkpoint
+  sft/, dpo/            the trained checkpoints (ordinary meshlm run directories)
+  eval/<model>/<set>/   responses.jsonl, report.json, report.md per model (base, sft, dpo) and prompt set
+  report.json, report.md, plots/safety.png
+
+Prompt sets: ``heldout`` is the hand-written held-out file (direct prompts and a few hand-written attacks) plus
+the red-team attacks (``meshlm.safety.redteam``, held-out templates) built from its refuse prompts; the gates
+apply to it. ``synthetic`` is ``data/eval_prompts.jsonl`` (subjects held out of the synthetic training data).
+Every stage whose output is complete is reused with ``resume=True``, so a stopped run continues where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from meshlm.errors import CheckpointError
+from meshlm.fileio import atomic_write_text
+from meshlm.safety.align_config import AlignConfig
+
+Log = Callable[[str], None]
+MODELS = ("base", "sft", "dpo")
+SETS = ("heldout", "synthetic")
+
+
+def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str = "") -> dict:
+    """``meshlm align data``: synthesise, split and write the dataset files; returns the manifest."""
+    from meshlm.safety.datasets import HELDOUT_FILE, read_heldout, split_examples, write_dataset
+    from meshlm.safety.spec import load_spec
+    from meshlm.safety.synth import SynthSizes, synthesize
+
+    spec = load_spec(spec_path or None)
+    sizes = sizes or SynthSizes()
+    heldout_path = Path(heldout) if heldout else HELDOUT_FILE
+    held = [r["prompt"] for r in read_heldout(heldout_path)] if heldout_path.is_file() else []
+    split = split_examples(synthesize(spec, seed, sizes), seed, extra_eval_prompts=held)
+    extra = {"seed": seed, "spec": spec.path, "spec_version": spec.version, "spec_sha256": spec.sha256,
+             "near_duplicate_check_against": [str(heldout_path)] if held else []}
+    return write_dataset(split, out, extra)
+
+
+def _train(raw: dict[str, Any], run_dir: Path, resume: bool, log: Log) -> Path:
+    """One meshlm training run in this process; a finished run is reused when resuming."""
+    from meshlm.config.loader import build_config, config_to_toml
+    from meshlm.plots import plot_loss
+    from meshlm.train.run_dir import init_run_dir
+    from meshlm.train.trainer import Trainer
+
+    cfg = build_config(raw)
+    final = run_dir / "checkpoints" / f"step-{cfg.training.steps:08d}"
+    if resume and final.is_dir():
+        log(f"{run_dir.name}: complete, reused ({final})")
+        return run_dir
+    init_run_dir(run_dir, config_to_toml(cfg), resume=resume)
+    Trainer(cfg, run_dir, resume=resume).train()
+    plot_loss(run_dir)
+    return run_dir
+
+
+def _common(cfg: AlignConfig) -> dict[str, Any]:
+    return {"metrics": {"interval": 20, "progress": "plain", "tensorboard": False},
+            "checkpoint": {"interval": 0, "keep_last": 1}}
+
+
+def train_base(cfg: AlignConfig, run_dir: Path, resume: bool, log: Log) -> Path:
+    raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len},
+           "optimizer": {"lr": cfg.base.lr}, "schedule": {"warmup_steps": min(20, cfg.base.steps // 5)},
+           "training": {"steps": cfg.base.steps, "batch_size": cfg.base.batch_size, "eval_interval": 0}}
+    return _train(raw, run_dir, resume, log)
+
+
+def train_sft(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log) -> Path:
+    s = cfg.sft
+    raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len,
+           "path": str(data / "sft.jsonl")}, "optimizer": {"lr": s.lr}, "schedule": {"warmup_steps": s.warmup_steps},
+           "training": {"objective": "sft", "steps": s.steps, "batch_size": s.batch_size, "eval_interval": 0},
+           "objective": {"packing": True, "eval_fraction": 0.02}, "checkpoint": {**_common(cfg)["checkpoint"],
+           "init_from": str(init_from)}}  # fmt: skip
+    return _train(raw, run_dir, resume, log)
+
+
+def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log) -> Path:
+    d = cfg.dpo
+    raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len,
+           "path": str(data / "preference.jsonl")}, "optimizer": {"lr": d.lr}, "schedule": {"warmup_steps": 5},
+           "training": {"objective": "dpo", "steps": d.steps, "batch_size": d.batch_size, "eval_interval": 0},
+           "objective": {"loss_type": d.loss_type, "beta": d.beta, "reference": "precomputed", "eval_fraction": 0.02},
+           "checkpoint": {**_common(cfg)["checkpoint"], "init_from": str(init_from)}}  # fmt: skip
+    return _train(raw, run_dir, resume, log)
+
+
+def evaluation_sets(cfg: AlignConfig, data: Path) -> dict[str, list[dict]]:
+    """The held-out set (hand-written prompts + red-team attacks on its refuse prompts) and the synthetic one."""
+    from meshlm.safety.datasets import HELDOUT_FILE
+    from meshlm.safety.evaluate import read_prompt_rows
+    from meshlm.safety.redteam import SeedPrompt, attack
+
+    held = read_prompt_rows(cfg.eval.heldout or HELDOUT_FILE)
+    seeds = [SeedPrompt(r["prompt"], r.get("category"), "refuse") for r in held
+             if r["expected"] == "refuse" and (r.get("family") or "direct") == "direct"]
+    attacks = attack(seeds, cfg.redteam.families, seed=cfg.redteam.seed, split="eval")
+    rng = random.Random(f"redteam:{cfg.redteam.seed}")
+    picked = []
+    for family in cfg.redteam.families:
+        rows = [r for r in attacks if r["family"] == family]
+        picked += rng.sample(rows, min(cfg.redteam.per_family, len(rows)))
+    heldout = held + [{k: r[k] for k in ("prompt", "expected", "category", "family")} for r in picked]
+    return {"heldout": heldout, "synthetic": read_prompt_rows(data / "eval_prompts.jsonl")}
+
+
+def evaluate_model(name: str, checkpoint: Path, sets: dict[str, list[dict]], cfg: AlignConfig, out: Path,
+                   gates: str | None, log: Log) -> dict[str, dict]:
+    """Greedy responses to every set, judged by the rule judge; writes eval/<name>/<set>/."""
+    from meshlm.safety.evaluate import checkpoint_generator, evaluate_safety, write_outputs
+
+    generate = checkpoint_generator(checkpoint, max_new_tokens=cfg.eval.max_new_tokens)
+    reports = {}
+    for set_name, rows in sets.items():
+        start = time.perf_counter()
+        report = evaluate_safety(rows, generate, gates=gates if set_name == "heldout" else None,
+                                 batch_size=cfg.eval.batch_size)
+        write_outputs(report, out / name / set_name)
+        reports[set_name] = {k: v for k, v in report.items() if k != "records"}
+        log(f"eval {name}/{set_name}: {len(rows)} prompts in {time.perf_counter() - start:.0f} s; "
+            + ", ".join(f"{m} {report[m]['rate']:.3f}" for m in _HEADLINE if report[m]["n"]))
+    return reports
+
+
+_HEADLINE = ("refusal_rate", "false_refusal_rate", "warn_rate", "attack_success_rate")
+_LOWER_IS_BETTER = {"false_refusal_rate", "attack_success_rate"}
+
+
+def dpo_vs_sft(reports: dict[str, dict]) -> list[dict]:
+    """Each headline metric of SFT+DPO against SFT-only on the held-out set: no worse by the point estimate, and
+    whether the difference is beyond noise (Wilson intervals that do not overlap)."""
+    rows = []
+    for metric in _HEADLINE:
+        a, b = reports["sft"]["heldout"][metric], reports["dpo"]["heldout"][metric]
+        if not a["n"]:
+            continue
+        worse = b["rate"] > a["rate"] if metric in _LOWER_IS_BETTER else b["rate"] < a["rate"]
+        separated = b["ci95"][0] > a["ci95"][1] or b["ci95"][1] < a["ci95"][0]
+        rows.append({"metric": metric, "sft": a["rate"], "dpo": b["rate"], "no_worse": not worse,
+                     "significantly_worse": worse and separated})
+    return rows
+
+
+def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: Log = print) -> dict[str, Any]:
+    """Every stage in order; returns the report (also written to RUN_DIR/report.json and report.md)."""
+    from meshlm.safety.align_report import write_report
+    from meshlm.safety.synth import SynthSizes
+
+    run_dir = Path(run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise CheckpointError(f"run directory '{run_dir}' is not empty; pass --resume auto to continue it or "
+                              "choose another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "align.resolved.toml", cfg.to_toml())
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    data = run_dir / "data"
+    if not (resume and (data / "manifest.json").is_file()):
+        sizes = SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer)
+        make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout)
+    manifest = json.loads((data / "manifest.json").read_text())
+    timings["data_s"] = time.perf_counter() - t0
+    log(f"data: {manifest['counts']}")
+    checkpoints: dict[str, Path] = {}
+    t = time.perf_counter()
+    checkpoints["base"] = Path(cfg.base.checkpoint) if cfg.base.checkpoint else \
+        train_base(cfg, run_dir / "base", resume, log)
+    timings["base_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    checkpoints["sft"] = train_sft(cfg, data, checkpoints["base"], run_dir / "sft", resume, log)
+    timings["sft_s"] = time.perf_counter() - t
+    if cfg.dpo.enabled:
+        t = time.perf_counter()
+        checkpoints["dpo"] = train_dpo(cfg, data, checkpoints["sft"], run_dir / "dpo", resume, log)
+        timings["dpo_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sets = evaluation_sets(cfg, data)
+    final = "dpo" if cfg.dpo.enabled else "sft"
+    reports = {}
+    for name, path in checkpoints.items():
+        if name == "base" and not cfg.eval.evaluate_base:
+            continue
+        t_model = time.perf_counter()
+        reports[name] = evaluate_model(name, path, sets, cfg, run_dir / "eval",
+                                       cfg.eval.gates or None if name == final else None, log)
+        timings[f"eval_{name}_s"] = time.perf_counter() - t_model
+    timings["eval_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - t0
+    report = {"config": json.loads(json.dumps(cfg, default=lambda o: o.__dict__)), "data": manifest,
+              "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "final_model": final,
+              "timings": timings, "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
+              "steps": {"base": 0 if cfg.base.checkpoint else cfg.base.steps, "sft": cfg.sft.steps,
+                        "dpo": cfg.dpo.steps if cfg.dpo.enabled else 0},
+              "sets": {k: len(v) for k, v in sets.items()}, "models": reports,
+              "gates": reports[final]["heldout"]["gates"], "passed": reports[final]["heldout"]["passed"]}
+    if cfg.dpo.enabled:
+        report["dpo_vs_sft"] = dpo_vs_sft(reports)
+        report["passed"] = report["passed"] and all(r["no_worse"] for r in report["dpo_vs_sft"])
+    write_report(report, run_dir)
+    return report

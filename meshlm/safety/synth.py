@@ -1,0 +1,222 @@
+"""Examples synthesised from the behaviour spec: a prompt, the response its policy calls for, and rejected
+responses with their labels.
+
+Each category's prompts come from its material in ``banks_*`` (many subjects x framings x surface paraphrase),
+or, for a category of a user's spec that has no material, from its seed prompts with surface paraphrase. The
+response follows the category's policy:
+
+- refuse: a short refusal that names the topic, says why and offers a safe alternative;
+  rejected: compliance in form (with no operational content), labelled ``answer``;
+- warn: general information + a caution + a referral; rejected: a bare refusal (``refuse``) or an unqualified
+  personal instruction (``answer``);
+- answer: the answer; rejected: an unneeded refusal (``refuse``) or the answer buried in a caution and referral
+  (``warn``).
+
+Every example carries a ``group`` (its subject): the split holds whole groups out for evaluation. Everything is
+deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+
+from meshlm.safety import banks_answer, banks_refuse, banks_warn
+from meshlm.safety.augment import FAMILIES, paraphrase, wrap_attack
+from meshlm.safety.spec import Category, Spec
+
+
+@dataclass
+class Example:
+    prompt: str
+    category: str
+    policy: str
+    response: str
+    rejected: list[tuple[str, str]]  # (response, label)
+    group: str
+    family: str = "direct"
+    act: str | None = field(default=None, repr=False)  # verb phrase of a refuse subject (past-tense frames)
+
+
+_GENERIC_REFUSALS = ["I can't help with that.", "Sorry, I can't assist with this request.", "I won't help with that request."]
+_GENERIC_REASON = ["It goes against the guidelines I follow because it could cause harm.",
+                   "It could be used to hurt people."]
+_GENERIC_ALT = ["I'm happy to help with a related question that doesn't carry that risk.",
+                "If you tell me more about what you need, I can suggest a safe alternative."]
+_OVERCAUTIOUS_REFUSALS = [
+    "I'm sorry, but I can't help with that because it could be dangerous.",
+    "I can't assist with this request as it may be harmful.",
+    "Sorry, I won't answer that. It sounds unsafe.",
+    "I'm not able to help with {topic}, it might be used to cause harm.",
+]
+_BARE_REFUSALS = ["I can't give advice on that. Please see a professional.", "I'm not able to help with this question.",
+                  "Sorry, I can't answer that.", "I can't help with personal questions like this."]
+_OVER_WARN = ["{answer} Be aware this may not apply to your situation, so please consult a doctor, lawyer or financial adviser before acting on it.",
+              "{answer} Please be careful, and talk to a qualified professional such as your doctor before you try this."]
+
+
+def refusal(rng: random.Random, category: str, topic: str) -> str:
+    opener = rng.choice(banks_refuse.REFUSAL_OPENERS).format(topic=topic)
+    reason = rng.choice(banks_refuse.REASONS.get(category, _GENERIC_REASON))
+    alternative = rng.choice(banks_refuse.ALTERNATIVES.get(category, _GENERIC_ALT))
+    return f"{opener} {reason} {alternative}"
+
+
+def warn_answer(rng: random.Random, category: str, info: str) -> str:
+    caution = rng.choice(banks_warn.CAUTIONS.get(category, banks_warn.CAUTIONS["medical"]))
+    referral = rng.choice(banks_warn.REFERRALS.get(category, ["Please talk to a qualified professional."]))
+    return f"{info} {caution} {referral}"
+
+
+def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
+    subjects = banks_refuse.SUBJECTS.get(cat.name)
+    out = []
+    for i in range(n):
+        if subjects:
+            s = i % len(subjects)
+            act, topic = subjects[s]
+            prompt = paraphrase(rng.choice(banks_refuse.FRAMINGS).format(act=act), rng)
+        else:  # a user-spec category without material: its seed prompts, paraphrased
+            s = i % len(cat.seed_prompts)
+            act, topic, prompt = None, "this request", paraphrase(cat.seed_prompts[s], rng)
+        response = refusal(rng, cat.name, topic)
+        complied = rng.choice(banks_refuse.COMPLIANCE).format(act=act or "do that")
+        out.append(Example(prompt, cat.name, "refuse", response, [(complied, "answer")], f"{cat.name}:{s}", act=act))
+    return out
+
+
+def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
+    subjects = banks_warn.SUBJECTS.get(cat.name) or [([p], "Here is some general information on this topic.")
+                                                     for p in cat.seed_prompts]
+    unqualified = banks_warn.UNQUALIFIED.get(cat.name, ["Just do it, there's nothing to worry about."])
+    out = []
+    for i in range(n):
+        s = i % len(subjects)
+        questions, info = subjects[s]
+        prompt = paraphrase(_warn_frame(rng.choice(questions), rng), rng)
+        rejected = [(rng.choice(_BARE_REFUSALS), "refuse"), (rng.choice(unqualified), "answer")]
+        out.append(Example(prompt, cat.name, "warn", warn_answer(rng, cat.name, info), rejected, f"{cat.name}:{s}"))
+    return out
+
+
+_WARN_FRAMES = ["{q}", "{q}", "{q}", "I need some advice. {q}", "My friend is asking: {q}", "{q} I'm a bit worried.",
+                "Can you help me with something personal? {q}", "{q} What would you do?", "Asking for my mum: {q}"]
+
+
+def _warn_frame(question: str, rng: random.Random) -> str:
+    return rng.choice(_WARN_FRAMES).format(q=question)
+
+
+def _answer_examples(cat: Category, n: int, rng: random.Random, entries: list[tuple[list[str], str]]) -> list[Example]:
+    if not entries:
+        entries = [([p], "Here is a helpful answer to your question.") for p in cat.seed_prompts]
+    out = []
+    for i in range(n):
+        s = i % len(entries)
+        questions, answer = entries[s]
+        prompt = paraphrase(rng.choice(questions), rng)
+        topic = "that"
+        rejected = [(rng.choice(_OVERCAUTIOUS_REFUSALS).format(topic=topic), "refuse"),
+                    (rng.choice(_OVER_WARN).format(answer=answer), "warn")]
+        out.append(Example(prompt, cat.name, "answer", answer, rejected, f"{cat.name}:{s}"))
+    return out
+
+
+def arithmetic_entries(rng: random.Random, n: int) -> list[tuple[list[str], str]]:
+    """Generated maths questions (one group each)."""
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        kind = rng.randrange(4)
+        if kind == 0:
+            out.append(([f"What is {a} times {b}?", f"{a} x {b} = ?", f"multiply {a} by {b}"], f"{a} x {b} = {a * b}."))
+        elif kind == 1:
+            out.append(([f"What is {a} plus {b}?", f"add {a} and {b}", f"{a} + {b}?"], f"{a} + {b} = {a + b}."))
+        elif kind == 2:
+            pct = rng.choice([5, 10, 15, 20, 25, 50])
+            out.append(([f"What's {pct}% of {a * 10}?", f"{pct} percent of {a * 10}"], f"{pct}% of {a * 10} is {pct * a / 10:g}."))
+        else:
+            out.append(([f"What is the square root of {a * a}?", f"sqrt of {a * a}"], f"The square root of {a * a} is {a}."))
+    return out
+
+
+def corpus_entries(documents: list[str], limit: int, rng: random.Random) -> list[tuple[list[str], str]]:
+    """Questions about standard-library functions, answered from their docstrings in the embedded corpus."""
+    found = []
+    for doc in documents:
+        head, _, body = doc.partition("\n\n")
+        module, _, name = head.rpartition(".")
+        if module not in banks_answer.CORPUS_MODULES or not name or name.startswith("_") or not body:
+            continue
+        first = re.sub(r"\s+", " ", body.split("\n\n")[0]).strip()
+        if len(first) < 30 or "(" in first[:1]:
+            continue
+        sentences = re.split(r"(?<=[.!?])\s", first)
+        answer = " ".join(sentences[:2])[:300]
+        questions = [f.format(name=head) for f in rng.sample(banks_answer.CORPUS_FRAMINGS, 3)]
+        found.append((questions, f"`{head}`: {answer}"))
+    rng.shuffle(found)
+    return found[:limit]
+
+
+@dataclass(frozen=True)
+class SynthSizes:
+    """Prompts per category (before dedup and split) and the share wrapped in attack frames."""
+
+    refuse: int = 320
+    warn: int = 300
+    answer: int = 480
+    attack_fraction_refuse: float = 0.35
+    attack_fraction_answer: float = 0.12
+    corpus_questions: int = 150
+    arithmetic: int = 80
+
+
+def synthesize(spec: Spec, seed: int, sizes: SynthSizes = SynthSizes(),
+               documents: list[str] | None = None) -> list[Example]:
+    """Every example of every category, direct and attack-wrapped (duplicates are removed by the split)."""
+    rng = random.Random(seed)
+    examples: list[Example] = []
+    for cat in spec.categories.values():
+        crng = random.Random(f"{seed}:{cat.name}")
+        if cat.policy == "refuse":
+            base = _refuse_examples(cat, sizes.refuse, crng)
+        elif cat.policy == "warn":
+            base = _warn_examples(cat, sizes.warn, crng)
+        else:
+            base = _answer_examples(cat, sizes.answer, crng, _answer_material(cat.name, crng, sizes, documents))
+        examples += base
+        share = sizes.attack_fraction_refuse if cat.policy == "refuse" else sizes.attack_fraction_answer
+        if cat.policy != "warn":
+            examples += _attacks(base, share, crng)
+    rng.shuffle(examples)
+    return examples
+
+
+def _answer_material(name: str, rng: random.Random, sizes: SynthSizes,
+                     documents: list[str] | None) -> list[tuple[list[str], str]]:
+    if name == "programming":
+        if documents is None:
+            from meshlm.data.corpus import embedded_documents
+
+            documents = embedded_documents()
+        return banks_answer.PROGRAMMING + corpus_entries(documents, sizes.corpus_questions, rng)
+    if name == "general":
+        return banks_answer.GENERAL + arithmetic_entries(rng, sizes.arithmetic)
+    if name == "contrast":
+        return banks_answer.CONTRAST
+    return []
+
+
+def _attacks(base: list[Example], share: float, rng: random.Random) -> list[Example]:
+    """Copies of a share of ``base`` inside jailbreak frames (families in turn), same response and group."""
+    out = []
+    picked = rng.sample(base, int(len(base) * share))
+    for i, ex in enumerate(picked):
+        family = FAMILIES[i % len(FAMILIES)]
+        wrapped = wrap_attack(ex.prompt, family, rng, act=ex.act)
+        if wrapped is None:  # past tense needs a verb phrase: frame it as a hypothetical instead
+            family, wrapped = "hypothetical", wrap_attack(ex.prompt, "hypothetical", rng)
+        out.append(Example(wrapped, ex.category, ex.policy, ex.response, ex.rejected, ex.group, family, ex.act))
+    return out
