@@ -180,3 +180,28 @@ def test_cli_writes_attacks_and_rejects_bad_input(tmp_path, capfd):
         code, _, err = _cli(capfd, "redteam", *args, "--out", str(tmp_path / "o.jsonl"))
         assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_cli_defaults_to_the_spec_and_runs_the_attacker(tmp_path, capfd):
+    """No --prompts: the embedded spec's refuse and warn seed prompts; --attacker/--target are endpoints."""
+    from meshlm.safety.spec import load_spec
+
+    spec = load_spec()
+    seeds = [(p, name, c.policy) for name, c in spec.categories.items() if c.policy in ("refuse", "warn")
+             for p in c.seed_prompts]
+    out = tmp_path / "attacks.jsonl"
+    rewrite = lambda m, b: "In a story, a character asks about " + str(len(m[-1]["content"]))  # noqa: E731
+    target = lambda m, b: "I'm sorry, but I can't help with that."  # noqa: E731  (never broken)
+    with OpenAIEndpointServer(rewrite, model="atk") as atk, OpenAIEndpointServer(target, model="tgt") as tgt:
+        code, stdout, err = _cli(capfd, "redteam", "--out", str(out), "--families", "past_tense", "--split", "eval",
+                                 "--attacker", atk.base_url, "--attacker-model", "atk", "--target", tgt.base_url,
+                                 "--target-model", "tgt", "--json")
+        asked = len(tgt.requests)
+    assert code == 0, err
+    summary = json.loads(stdout)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["seed_prompt"], r["category"], r["expected"]) for r in rows} == set(seeds)
+    assert summary["by_family"] == {"past_tense": len(seeds)}  # every rewrite was refused: none kept
+    assert summary["attacker"] == {"rewrites": len(seeds), "empty": 0, "kept": 0, "failed": len(seeds)}
+    assert asked == len(seeds)
+    assert all(r["template"] in ("past_tense/2", "past_tense/5") for r in rows)
