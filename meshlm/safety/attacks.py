@@ -91,6 +91,11 @@ def verb_phrase(prompt: str) -> str | None:
     """The action a request asks for, in the base form ("make a bomb"), with first-person words made third
     person; None when the request has no recognised shape."""
     text = inline(prompt)
+    recipe = re.match(r"^(?:what(?:'s| is) the (?:recipe|formula) for|how is|how are)\s+(.+?)(?:\s+(?:made|produced))?$",
+                      text, re.I)
+    if recipe and (text.lower().startswith("what") or re.search(r"\b(made|produced)$", text)):
+        text = "make " + recipe.group(1)
+    text = re.sub(r"^what do (?:i|you|we) need to\s+", "", text, flags=re.I)
     match = _ASK.match(text)
     if match is None and not re.match(r"^(write|make|build|create|give|list|describe|explain|find|get|"
                                       r"generate|produce|draft|design|code|synthesi[sz]e|extract)\b", text, re.I):
