@@ -1,0 +1,65 @@
+"""``meshlm serve --registry DB --model NAME:vN``: the OpenAI-compatible server (docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from meshlm.errors import ConfigError
+
+
+def register(sub, add_config_args) -> None:
+    p = sub.add_parser("serve", help="serve registry versions over an OpenAI-compatible HTTP API")
+    p.add_argument("--registry", default=os.environ.get("MESHLM_REGISTRY", "meshlm-registry.sqlite"),
+                   help="the registry file (`meshlm registry add`; default $MESHLM_REGISTRY or "
+                        "./meshlm-registry.sqlite)")
+    p.add_argument("--model", action="append", required=True, metavar="NAME:vN",
+                   help="the stable version clients reach as model NAME (repeat for several names)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (see --port-file)")
+    p.add_argument("--port-file", help="write {host, port, url, pid} as JSON here once the server accepts "
+                                       "connections (for --port 0)")
+    p.add_argument("--audit", help="the audit log (default: audit.sqlite beside the registry)")
+    p.add_argument("--admin-token-file", help="a file holding the admin bearer token (without it the admin API "
+                                              "refuses every call)")
+    p.add_argument("--force", action="store_true", help="serve a version whose safety gates have not passed "
+                                                        "(audited)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together per model (default 16)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting per model before new ones get 429 (default 64)")
+    p.add_argument("--max-tokens-cap", type=int, default=1024, help="the largest max_tokens a request may ask for")
+    p.set_defaults(handler=run)
+
+
+def read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = open(path, encoding="utf-8").read().strip()
+    except OSError as exc:
+        raise ConfigError(f"--admin-token-file {path}: cannot read it ({exc.strerror})") from None
+    if len(token) < 16:
+        raise ConfigError(f"--admin-token-file {path}: the token must be at least 16 characters "
+                          "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE`)")
+    return token
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from meshlm.serve.launch import ServeOptions, serve
+
+    for name, value in (("--max-batch", args.max_batch), ("--max-queue", args.max_queue),
+                        ("--max-tokens-cap", args.max_tokens_cap)):
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port {args.port}: use 0..65535 (0 picks a free port)")
+    audit = args.audit or str(Path(args.registry).resolve().parent / "audit.sqlite")
+    options = ServeOptions(registry=args.registry, models=args.model, host=args.host, port=args.port,
+                           port_file=args.port_file, audit=audit, admin_token=read_token(args.admin_token_file),
+                           force=args.force, device=args.device, max_batch=args.max_batch,
+                           max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap)
+    serve(options)
+    return 0

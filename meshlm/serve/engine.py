@@ -1,0 +1,273 @@
+"""Continuous batching over one KV cache: every active sequence advances by one token per model forward.
+
+Layout (as in meshlm/generate/rollout.py): the batch shares one slot axis; row b holds pads, then its real tokens
+contiguous up to the shared ``cursor``. RoPE positions count each row's real tokens and ``padding_mask`` hides
+the pads, so a row's logits are those it would get alone. A decode step writes slot ``cursor`` for every row.
+
+Joining: waiting requests are prefilled together (left-padded to their longest prompt P, one forward) and merged
+so that their last prompt token sits just before the cursor: the cursor moves to max(cursor, P), shifting
+whichever side is shorter to the right. Leaving: finished or cancelled rows are dropped after each step and the
+slots every remaining row has as padding are cut from the left. A request joins only when the batch, laid out
+this way, still fits the model's context (slot index < max_seq_len); otherwise it waits (first come, first
+served). The engine runs in its own thread (torch releases the GIL in its kernels); results reach the asyncio side
+through ``emit`` callbacks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from meshlm.generate.rollout import left_pad
+from meshlm.models.llama import KVCache
+from meshlm.serve.decode import TextStream, sample_rows
+from meshlm.serve.protocol import ApiError, Event, Failed, Finished, Delta, Sampling, overloaded
+from meshlm.tokenizer import MeshTokenizer
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine. ``emit`` is called from the engine thread."""
+
+    prompt: list[int]
+    max_new: int
+    sampling: Sampling
+    eos: frozenset[int]
+    text: TextStream
+    emit: Callable[[Event], None]
+    generator: torch.Generator | None
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    done: bool = False
+
+    def accept(self, token: int) -> None:
+        """Record a sampled token and send its text; finish on eos, a stop string or the token limit."""
+        self.generated.append(token)
+        if token in self.eos:
+            return self._finish("stop")
+        delta = self.text.push(token)
+        if delta:
+            self.emit(Delta(delta))
+        if self.text.stopped:
+            return self._finish("stop")
+        if len(self.generated) >= self.max_new:
+            self._finish("length")
+
+    def _finish(self, reason: str) -> None:
+        rest = self.text.flush()
+        if rest:
+            self.emit(Delta(rest))
+        self.done = True
+        self.emit(Finished(reason, len(self.prompt), len(self.generated)))
+
+
+class BatchEngine:
+    """A model behind a queue: ``submit`` enqueues (or refuses when the queue is full); one thread decodes."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: MeshTokenizer, *, max_batch: int = 16,
+                 max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine") -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.device = torch.device(device)
+        self.context = model.cfg.max_seq_len
+        self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
+        self._cond = threading.Condition()
+        self._pending: deque[Sequence] = deque()
+        self._rows: list[Sequence] = []
+        self._closing = False
+        # The batch (engine thread only): per-layer KV caches (B, Hkv, W, Dh), real-token mask (B, W), the next
+        # RoPE position (B,) and the token to feed next (B,) of each row; ``cursor`` slots are filled.
+        self._cache: list[KVCache] = []
+        self._cursor = 0
+        self._mask = self._pos = self._last = torch.empty(0)
+        self._stats = {"requests": 0, "decode_steps": 0, "tokens": 0, "batch_rows": 0, "prefills": 0}
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # --- the asyncio side --------------------------------------------------------------------------------------
+    def submit(self, prompt: list[int], max_new: int, sampling: Sampling, eos: frozenset[int],
+               emit: Callable[[Event], None]) -> Sequence:
+        assert prompt and max_new >= 1 and len(prompt) + max_new <= self.context, "checked by the caller"
+        seed = sampling.seed
+        generator = None
+        if sampling.temperature > 0:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed if seed is not None else int.from_bytes(_random_bytes(), "little"))
+        seq = Sequence(prompt, max_new, sampling, eos, TextStream(self.tokenizer, sampling.stop), emit, generator)
+        with self._cond:
+            if self._closing:
+                raise ApiError(503, "this model version is shutting down; retry", type="server_error",
+                               code="unavailable", retry_after=1)
+            if len(self._pending) >= self.max_queue:
+                raise overloaded("the request queue")
+            self._pending.append(seq)
+            self._stats["requests"] += 1
+            self._cond.notify()
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        seq.cancelled = True  # the engine drops it before its next step (a plain flag: read under the GIL)
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            stats = dict(self._stats)
+            stats.update(active=len(self._rows), queued=len(self._pending), max_batch=self.max_batch,
+                         max_queue=self.max_queue)
+        steps = stats["decode_steps"]
+        stats["mean_batch"] = round(stats.pop("batch_rows") / steps, 2) if steps else 0.0
+        return stats
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish the ones already in, stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._rows or self._pending)
+
+    # --- the engine thread -------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not (self._pending or self._rows or self._closing):
+                        self._cond.wait()
+                    if self._closing and not (self._pending or self._rows):
+                        return
+                    self._pending = deque(s for s in self._pending if not s.cancelled)
+                    joining = self._admissible()
+                try:
+                    if joining:
+                        self._join(joining)
+                    if self._rows:
+                        self._step()
+                except Exception as exc:  # a bug or a device error: fail these requests, keep serving others
+                    self._fail_all(joining, exc)
+
+    def _admissible(self) -> list[Sequence]:
+        """Waiting sequences (first come, first served) that fit beside the active rows."""
+        joining: list[Sequence] = []
+        width = self._cursor if self._rows else 0
+        need = max((s.max_new - len(s.generated) for s in self._rows), default=0)
+        while self._pending and len(self._rows) + len(joining) < self.max_batch:
+            seq = self._pending[0]
+            new_width = max(width, len(seq.prompt))
+            new_need = max(need, seq.max_new - 1)
+            if new_width + new_need > self.context:
+                break
+            joining.append(self._pending.popleft())
+            width, need = new_width, new_need
+        return joining
+
+    def _join(self, joining: list[Sequence]) -> None:
+        """Prefill ``joining`` together, sample their first tokens and merge them into the batch."""
+        net = self.model
+        ids, real = left_pad([s.prompt for s in joining], self.pad_id, self.device)  # (G, P) each
+        G, P = ids.shape
+        positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (G, P)
+        cache = net.new_cache(G, P, device=self.device)
+        logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (G, P, V)
+        self._stats["prefills"] += 1
+        self._merge(joining, cache, real)
+        self._accept(joining, logits[:, -1], range(len(self._rows) - G, len(self._rows)))
+
+    def _merge(self, joining: list[Sequence], cache: list[KVCache], real: torch.Tensor) -> None:
+        G, P = real.shape
+        old = len(self._rows)
+        cursor = max(self._cursor if old else 0, P)
+        width = cursor + max(s.max_new for s in [*self._rows, *joining])  # >= what any row still writes
+        width = min(width, self.context)
+        shift_old, shift_new = cursor - (self._cursor if old else 0), cursor - P
+        merged = []
+        for layer, new in enumerate(cache):
+            k = new.k.new_zeros((old + G, *new.k.shape[1:2], width, new.k.shape[3]))  # (B, Hkv, W, Dh)
+            v = torch.zeros_like(k)
+            if old:
+                k[:old, :, shift_old:cursor] = self._cache[layer].k[:, :, :self._cursor]
+                v[:old, :, shift_old:cursor] = self._cache[layer].v[:, :, :self._cursor]
+            k[old:, :, shift_new:cursor] = new.k
+            v[old:, :, shift_new:cursor] = new.v
+            merged.append(_kv(k, v))
+        mask = torch.zeros((old + G, width), dtype=torch.bool, device=self.device)
+        if old:
+            mask[:old, shift_old:cursor] = self._mask[:, :self._cursor]
+        mask[old:, shift_new:cursor] = real
+        pos = real.long().sum(1)  # (G,) next position = number of real prompt tokens
+        self._cache, self._mask, self._cursor = merged, mask, cursor
+        self._pos = torch.cat([self._pos, pos]) if old else pos
+        fresh = torch.zeros(G, dtype=torch.long, device=self.device)
+        self._last = torch.cat([self._last, fresh]) if old else fresh
+        with self._cond:
+            self._rows = [*self._rows, *joining]
+
+    def _step(self) -> None:
+        """One decode step for every active row."""
+        cur = self._cursor
+        self._mask[:, cur] = True
+        logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur,
+                            position_ids=self._pos[:, None], padding_mask=self._mask[:, :cur + 1])  # (B, 1, V)
+        self._cursor, self._pos = cur + 1, self._pos + 1
+        self._stats["decode_steps"] += 1
+        self._stats["batch_rows"] += len(self._rows)
+        self._accept(self._rows, logits[:, -1], range(len(self._rows)))
+
+    def _accept(self, rows: list[Sequence], logits: torch.Tensor, slots: range) -> None:
+        tokens = sample_rows(logits, [s.sampling.temperature for s in rows], [s.sampling.top_p for s in rows],
+                             [s.generator for s in rows], self.tokenizer.vocab_size)
+        for seq, token, slot in zip(rows, tokens, slots):
+            seq.accept(token)
+            self._last[slot] = token
+        self._stats["tokens"] += len(rows)
+        self._retire()
+
+    def _retire(self) -> None:
+        """Drop finished and cancelled rows; cut the slots that are padding in every remaining row."""
+        keep = [i for i, s in enumerate(self._rows) if not (s.done or s.cancelled)]
+        if len(keep) == len(self._rows):
+            return
+        with self._cond:
+            self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache = []
+            self._cursor = 0
+            return
+        index = torch.tensor(keep, device=self.device)
+        mask = self._mask[index]
+        first = int(mask[:, :self._cursor].long().argmax(1).min())  # earliest real slot of any row
+        self._mask = mask[:, first:]
+        self._cache = [_kv(c.k[index, :, first:], c.v[index, :, first:]) for c in self._cache]
+        self._pos, self._last = self._pos[index], self._last[index]
+        self._cursor -= first
+
+    def _fail_all(self, joining: list[Sequence], exc: Exception) -> None:
+        error = ApiError(500, f"generation failed ({type(exc).__name__}); the request was not completed",
+                         type="server_error", code="engine_error")
+        for seq in {id(s): s for s in [*self._rows, *joining]}.values():
+            if not seq.done:
+                seq.done = True
+                seq.emit(Failed(error))
+        with self._cond:
+            self._rows = []
+        self._cache, self._cursor = [], 0
+
+
+def _kv(k: torch.Tensor, v: torch.Tensor) -> KVCache:
+    """A KVCache around existing tensors (the model's cache class; its constructor allocates)."""
+    cache = KVCache.__new__(KVCache)
+    cache.k, cache.v = k, v
+    return cache
+
+
+def _random_bytes() -> bytes:
+    import os
+
+    return os.urandom(7)

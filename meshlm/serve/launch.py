@@ -1,0 +1,123 @@
+"""Starting a server: check and load the versions, bind the socket, say where it listens, run uvicorn.
+
+The socket is bound (and listening) before the port file is written, and the models are loaded before that, so
+a client that reads the port file can connect at once: connections wait in the listen backlog until uvicorn
+accepts them. uvicorn's access log is off (it would write client addresses, personal data, to the log); the
+server writes its own sanitized lines instead. SIGINT/SIGTERM stop it gracefully: in-flight requests finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshlm.errors import ConfigError, UserError
+
+
+@dataclass
+class ServeOptions:
+    registry: str
+    models: list[str]
+    audit: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    port_file: str | None = None
+    admin_token: str | None = None
+    force: bool = False
+    device: str | None = None
+    max_batch: int = 16
+    max_queue: int = 64
+    max_tokens_cap: int = 1024
+
+
+def make_loader(opts: ServeOptions):
+    """entry -> Backend: a remote endpoint, or a checkpoint loaded (verified) in a worker thread."""
+    import anyio
+    import torch
+
+    from meshlm.serve.gateway import RemoteBackend
+    from meshlm.serve.local import LocalBackend
+
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    async def load(entry):
+        if entry.kind == "endpoint":
+            return RemoteBackend(entry, max_tokens_cap=opts.max_tokens_cap, max_inflight=opts.max_queue)
+        return await anyio.to_thread.run_sync(lambda: LocalBackend.load(
+            entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
+            max_queue=opts.max_queue))
+    return load
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port (0: any free one)")
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(opts: ServeOptions) -> None:
+    asyncio.run(_serve(opts))
+
+
+async def _serve(opts: ServeOptions) -> None:
+    import time
+
+    import uvicorn
+
+    from meshlm.serve.audit import AuditLog
+    from meshlm.serve.protocol import ApiError
+    from meshlm.serve.registry import Registry
+    from meshlm.serve.rollout import Router
+    from meshlm.serve.server import Server
+
+    registry = Registry(opts.registry, create=False)
+    entries = [registry.get(ref) for ref in opts.models]
+    if len({e.name for e in entries}) != len(entries):
+        raise ConfigError("--model: give each name once (its stable version); roll out others with `meshlm rollout`")
+    blocked = [e for e in entries if not e.servable]
+    if blocked and not opts.force:
+        raise ConfigError(", ".join(f"{e.ref} (gates: {e.gate_status})" for e in blocked) +
+                          ": no passing safety report; register one with --report, or pass --force (audited)")
+    audit = AuditLog(opts.audit)
+    router = Router(registry, make_loader(opts), registry.secret("user_hash_key"))
+    try:
+        for entry in entries:
+            try:
+                await router.serve(entry.ref)
+            except ApiError as exc:
+                raise UserError(exc.message) from None
+            audit.append({"kind": "admin", "time": time.time(), "action": "serve", "name": entry.name,
+                          "version": entry.ref, "status": 200, "forced": not entry.servable,
+                          "gate_status": entry.gate_status, "pid": os.getpid()})
+        server = Server(router, audit, opts.admin_token)
+        sock = bind(opts.host, opts.port)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        config = uvicorn.Config(server.app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=30)
+        if opts.port_file:
+            from meshlm.fileio import atomic_write_text
+
+            atomic_write_text(Path(opts.port_file), json.dumps({"host": host, "port": port, "url": url,
+                                                                 "pid": os.getpid()}))
+        # The operator's own settings, no request data: printed as they are (the sanitizer would mask the address).
+        print(f"meshlm serve: {', '.join(e.ref for e in entries)} on {url}/v1 (audit {opts.audit}, admin API "
+              f"{'on' if opts.admin_token else 'off'})", file=sys.stderr, flush=True)
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        await router.aclose()
+        audit.close()
+        registry.close()

@@ -1,0 +1,131 @@
+"""A registered checkpoint as a backend: verified against the registry, loaded once, served by a BatchEngine.
+
+Requests are encoded here: chats through the checkpoint's chat template (meshlm's own, or the HF Jinja template a
+converted checkpoint carries), completions as bos + text (or the given token ids). Chats also stop at the
+template's end-of-turn token. Length checks happen before anything is queued, so a request that cannot fit the
+context is a 400, never a failure halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import torch
+
+from meshlm.errors import CheckpointError, UserError
+from meshlm.serve.engine import BatchEngine, Sequence
+from meshlm.serve.protocol import ApiError, Event, Failed, Finished, Job
+from meshlm.serve.registry import ModelVersion, verify_files
+
+
+class LocalHandle:
+    """Events of one sequence, handed from the engine thread to the event loop."""
+
+    def __init__(self, engine: BatchEngine, loop: asyncio.AbstractEventLoop) -> None:
+        self._engine, self._loop = engine, loop
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.seq: Sequence | None = None
+
+    def put(self, event: Event) -> None:  # engine thread
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
+            pass
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, (Finished, Failed)):
+                return
+
+    def cancel(self) -> None:
+        if self.seq is not None:
+            self._engine.cancel(self.seq)
+
+
+class LocalBackend:
+    """One loaded checkpoint version."""
+
+    def __init__(self, ref: str, model: torch.nn.Module, tokenizer, template, eos_ids: list[int],
+                 chat_eos_ids: list[int], *, max_tokens_cap: int, max_batch: int, max_queue: int,
+                 device: str) -> None:
+        self.ref = ref
+        self.tokenizer, self.template = tokenizer, template
+        self.eos, self.chat_eos = frozenset(eos_ids), frozenset(chat_eos_ids)
+        self.context = model.cfg.max_seq_len
+        self.max_tokens_cap = max_tokens_cap
+        self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
+                                  name=f"engine-{ref}")
+
+    @classmethod
+    def load(cls, entry: ModelVersion, *, device: str = "cpu", max_tokens_cap: int = 1024, max_batch: int = 16,
+             max_queue: int = 64) -> LocalBackend:
+        """Verify the files against the registry, load, and check the loaded weights' sha256 too (a LoRA
+        checkpoint's base lives elsewhere; its change shows only there)."""
+        from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
+        from meshlm.data.posttrain.templates import chat_template_for
+        from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
+        from meshlm.tokenizer import MeshTokenizer
+
+        folder = verify_files(entry)
+        model, cfg, _, ckpt = model_from_checkpoint(folder, device)
+        actual = weights_sha256(model)
+        if actual != entry.weights_sha256:
+            raise CheckpointError(f"{entry.ref}: the loaded weights hash to {actual[:12]}, the registry recorded "
+                                  f"{str(entry.weights_sha256)[:12]} (a LoRA base changed?); register it again")
+        model.requires_grad_(False)
+        tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
+        eos = checkpoint_eos_ids(ckpt, tokenizer.eos_id)
+        end = tokenizer.special_ids.get("<|end|>")
+        chat_eos = eos + ([end] if end is not None and end not in eos else [])
+        return cls(entry.ref, model, tokenizer, chat_template_for(tokenizer, ckpt), eos, chat_eos,
+                   max_tokens_cap=max_tokens_cap, max_batch=max_batch, max_queue=max_queue, device=device)
+
+    async def submit(self, job: Job) -> LocalHandle:
+        prompt = self._encode(job)
+        max_new = self._max_new(len(prompt), job.sampling.max_tokens, "messages" if job.kind == "chat" else "prompt")
+        handle = LocalHandle(self.engine, asyncio.get_running_loop())
+        eos = self.chat_eos if job.kind == "chat" else self.eos
+        handle.seq = self.engine.submit(prompt, max_new, job.sampling, eos, handle.put)
+        return handle
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": "checkpoint", "context": self.context, **self.engine.status()}
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self.engine.close)
+
+    # --- request checks ----------------------------------------------------------------------------------------
+    def _encode(self, job: Job) -> list[int]:
+        tok = self.tokenizer
+        if job.kind == "chat":
+            try:
+                return self.template.encode_prompt(job.messages, where="messages")
+            except UserError as exc:  # e.g. an HF template that refuses a role order
+                raise ApiError(400, f"the chat template refused these messages ({type(exc).__name__})",
+                               param="messages") from None
+        if isinstance(job.prompt, list):
+            bad = [t for t in job.prompt if not 0 <= t < tok.vocab_size]
+            if bad:
+                raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {tok.vocab_size})",
+                               param="prompt")
+            ids = list(job.prompt)
+        else:
+            ids = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(job.prompt)
+        if not ids:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        return ids
+
+    def _max_new(self, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
+        if max_tokens is not None and max_tokens > self.max_tokens_cap:
+            raise ApiError(400, f"max_tokens {max_tokens} is above this server's cap of {self.max_tokens_cap}",
+                           param="max_tokens", code="max_tokens_above_cap")
+        if prompt_len >= self.context or (max_tokens is not None and prompt_len + max_tokens > self.context):
+            raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len} and "
+                                f"{max_tokens or 1} or more were asked for: shorten the prompt or lower max_tokens",
+                           param=prompt_param, code="context_length_exceeded")
+        return max_tokens if max_tokens is not None else min(self.max_tokens_cap, self.context - prompt_len)

@@ -1,0 +1,117 @@
+"""OpenAI request schemas (the fields this server implements) and their validation into a :class:`Job`.
+
+Types are strict (``"0.5"`` is not a temperature), unknown fields are ignored as the OpenAI API's many optional
+fields are, but a field that would change the answer in a way this server does not implement (``n`` > 1, tools,
+log-probs, penalties, ``echo`` ...) is refused with a 400 rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from meshlm.serve.protocol import ApiError, Job, Sampling
+
+MAX_BODY_BYTES = 8 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Common(_Strict):
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1)  # one choice per request
+
+    def sampling(self, max_tokens: int | None) -> Sampling:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 4:
+            raise ApiError(400, "stop: at most 4 stop sequences", param="stop")
+        return Sampling(max_tokens, self.temperature, self.top_p, self.seed, tuple(stop))
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int]
+
+
+# Fields whose non-default values this server cannot honour.
+_UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"), "logprobs": (None, False),
+                "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None,),
+                "logit_bias": (None, {}), "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
+                "response_format": (None, {"type": "text"})}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def to_job(kind: str, body: dict[str, Any], request_id: str, user_hash_of) -> tuple[Job, _Common]:
+    """Validate ``body`` for ``kind`` ("chat" or "completion") -> (job, the parsed request); ApiError 400."""
+    schema = ChatRequest if kind == "chat" else CompletionRequest
+    try:
+        req = schema.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ApiError(400, f"{where}: {first['msg']} ({exc.error_count()} problem(s) in the request)",
+                       param=where) from None
+    for key, allowed in _UNSUPPORTED.items():
+        if key in body and body[key] not in allowed:
+            raise ApiError(400, f"{key} is not supported by this server", param=key, code="unsupported_parameter")
+    user_hash = user_hash_of(req.user)
+    if isinstance(req, ChatRequest):
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in req.messages]
+        return Job("chat", request_id, req.sampling(max_tokens), messages=messages, body=body,
+                   user_hash=user_hash), req
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise ApiError(400, "prompt: one prompt per request (a list of one string)", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, list) and not prompt:
+        raise ApiError(400, "prompt: empty", param="prompt")
+    return Job("completion", request_id, req.sampling(req.max_tokens), prompt=prompt, body=body,
+               user_hash=user_hash), req

@@ -1,0 +1,237 @@
+"""The HTTP layer: OpenAI-compatible endpoints, the admin API, and one audit record per request.
+
+No model logic lives here: a request is validated into a Job (schemas.py), routed to a backend (rollout.py) and
+its events are formatted as OpenAI responses or server-sent events. Every completion request, including the ones
+refused (bad input, unknown model, overload, client gone), appends exactly one ``kind: request`` record to the
+audit log before its response ends; every admin call appends one ``kind: admin`` record. The audit log sanitizes
+what it stores; the server's own log lines carry ids, versions, codes and counts only, and pass through the
+sanitizer as well. Errors are OpenAI error objects, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from meshlm.serve.admin import AdminApi, error_response
+from meshlm.serve.protocol import ApiError, Delta, Failed, Finished, Handle
+from meshlm.serve.rollout import Router
+from meshlm.serve.sanitize import sanitize
+from meshlm.serve.schemas import parse_body, to_job
+
+
+def log_line(message: str) -> None:
+    """A server log line on stderr, sanitized like everything else that leaves the process."""
+    print(sanitize(message), file=sys.stderr, flush=True)
+
+
+@dataclass
+class Exchange:
+    """What one completion request did, for its audit record."""
+
+    kind: str
+    path: str
+    request_id: str
+    started: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    model: str | None = None
+    version: str | None = None
+    user_hash: str | None = None
+    stream: bool = False
+    prompt: Any = None
+    text: list[str] = field(default_factory=list)
+    ttft: float | None = None
+    finished: Finished | None = None
+    status: int = 200
+    error: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        fin = self.finished
+        return {"kind": "request", "time": self.started, "request_id": self.request_id, "version": self.version,
+                "user_hash": self.user_hash, "endpoint": self.path, "model": self.model, "stream": self.stream,
+                "prompt": self.prompt, "response": "".join(self.text) if fin or self.text else None,
+                "prompt_tokens": fin.prompt_tokens if fin else None,
+                "completion_tokens": fin.completion_tokens if fin else None,
+                "finish_reason": fin.finish_reason if fin else None,
+                "latency_s": round(time.perf_counter() - self.t0, 6),
+                "ttft_s": None if self.ttft is None else round(self.ttft, 6),
+                "status": self.status, "error": self.error}
+
+    def fail(self, error: ApiError) -> None:
+        self.status, self.error = error.status, error.message
+
+
+class Server:
+    """The app's state: router, audit log, admin token. ``app`` is the FastAPI application."""
+
+    def __init__(self, router: Router, audit, admin_token: str | None, log: Callable[[str], None] = log_line):
+        self.router, self.audit, self.log = router, audit, log
+        self.admin = AdminApi(router, self.write, admin_token)
+        self.requests = 0  # completion requests seen (each has exactly one audit record)
+        self.app = self._build()
+
+    async def write(self, record: dict[str, Any]) -> None:
+        """Append an audit record from a worker thread; shielded so a cancelled request still gets its record."""
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.audit.append, record)
+
+    # --- routes ----------------------------------------------------------------------------------------------
+    def _build(self) -> FastAPI:
+        app = FastAPI(title="meshlm", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+            return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+                                                            f"{exc.detail}", code="not_found"))
+
+        @app.exception_handler(Exception)
+        async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+            self.log(f"internal error on {request.url.path}: {type(exc).__name__}")
+            return error_response(ApiError(500, "internal server error", type="server_error"))
+
+        @app.get("/health")
+        async def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            data = []
+            for name, dep in self.router.deployments.items():
+                data.append({"id": name, "object": "model", "created": 0, "owned_by": "meshlm",
+                             "stable": dep.to_json()["stable_ref"], "candidate": dep.to_json()["candidate_ref"]})
+            data += [{"id": ref, "object": "model", "created": 0, "owned_by": "meshlm"} for ref in self.router.backends]
+            return {"object": "list", "data": data}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return await self.complete(request, "chat")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            return await self.complete(request, "completion")
+
+        self.admin.add_routes(app)
+        return app
+
+    # --- completions -----------------------------------------------------------------------------------------
+    async def complete(self, request: Request, kind: str) -> Response:
+        self.requests += 1
+        ex = Exchange(kind, request.url.path, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex)
+        try:
+            body = parse_body(await request.body())
+            ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
+            ex.model = body.get("model") if isinstance(body.get("model"), str) else None
+            ex.stream = body.get("stream") is True
+            job, req = to_job(kind, body, ex.request_id, self.router.user_hash)
+            ex.prompt = job.messages if kind == "chat" else job.prompt
+            ex.user_hash = job.user_hash
+            backend = self.router.route(req.model, job.user_hash, ex.request_id)
+            ex.version = backend.ref
+            handle = await backend.submit(job)
+        except ApiError as error:
+            ex.fail(error)
+            await self._finish(ex)
+            return error_response(error)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream:
+            return StreamingResponse(self._sse(ex, handle, include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": ex.request_id})
+        try:
+            async for event in handle.events():
+                self._note(ex, event)
+        except BaseException:
+            handle.cancel()
+            ex.fail(ApiError(499, "the client closed the connection"))
+            await self._finish(ex)
+            raise
+        await self._finish(ex)
+        if ex.finished is None:
+            return error_response(ApiError(ex.status, ex.error or "generation failed", type="server_error"))
+        return JSONResponse(self._body(ex, "".join(ex.text), final=True))
+
+    def _note(self, ex: Exchange, event) -> None:
+        if isinstance(event, Delta):
+            if ex.ttft is None:
+                ex.ttft = time.perf_counter() - ex.t0
+            ex.text.append(event.text)
+        elif isinstance(event, Finished):
+            ex.finished = event
+        elif isinstance(event, Failed):
+            ex.fail(event.error)
+
+    async def _sse(self, ex: Exchange, handle: Handle, include_usage: bool) -> AsyncIterator[bytes]:
+        """Server-sent events: a role chunk (chat), one chunk per delta, a finish chunk, usage, [DONE]."""
+        try:
+            if ex.kind == "chat":
+                yield _event(self._chunk(ex, {"role": "assistant", "content": ""}))
+            async for event in handle.events():
+                self._note(ex, event)
+                if isinstance(event, Delta):
+                    yield _event(self._chunk(ex, {"content": event.text} if ex.kind == "chat" else event.text))
+                elif isinstance(event, Finished):
+                    yield _event(self._chunk(ex, {} if ex.kind == "chat" else "", event.finish_reason))
+                    if include_usage:
+                        yield _event({**self._body(ex, None, final=False), "choices": [],
+                                      "usage": _usage(event)})
+                else:
+                    yield _event(event.error.to_json())
+            yield b"data: [DONE]\n\n"
+        except BaseException:  # the client went away (cancelled, or the generator closed)
+            handle.cancel()
+            if ex.finished is None and ex.error is None:
+                ex.fail(ApiError(499, "the client closed the connection"))
+            raise
+        finally:
+            await self._finish(ex)
+
+    async def _finish(self, ex: Exchange) -> None:
+        try:
+            await self.write(ex.record())
+        except Exception as exc:  # the log is unavailable: say so loudly; the response still reports its status
+            self.log(f"{ex.request_id}: AUDIT WRITE FAILED ({type(exc).__name__})")
+            raise
+        fin = ex.finished
+        tokens = f"{fin.prompt_tokens}+{fin.completion_tokens} tokens" if fin else "-"
+        self.log(f"{ex.request_id} {ex.version or '-'} {ex.status} {tokens} "
+                 f"{time.perf_counter() - ex.t0:.3f}s{' stream' if ex.stream else ''}")
+
+    # --- response bodies -------------------------------------------------------------------------------------
+    def _body(self, ex: Exchange, text: str | None, final: bool) -> dict[str, Any]:
+        chat = ex.kind == "chat"
+        body = {"id": ex.request_id, "object": "chat.completion" if chat else "text_completion",
+                "created": int(ex.started), "model": ex.model, "system_fingerprint": ex.version}
+        if final:
+            fin = ex.finished
+            choice = {"index": 0, "finish_reason": fin.finish_reason, "logprobs": None}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            body.update(choices=[choice], usage=_usage(fin))
+        elif chat:
+            body["object"] = "chat.completion.chunk"
+        return body
+
+    def _chunk(self, ex: Exchange, delta: dict | str, finish_reason: str | None = None) -> dict[str, Any]:
+        body = self._body(ex, None, final=False)
+        choice = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        choice.update({"delta": delta} if ex.kind == "chat" else {"text": delta})
+        body["choices"] = [choice]
+        return body
+
+
+def _usage(fin: Finished) -> dict[str, int]:
+    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
+            "total_tokens": fin.prompt_tokens + fin.completion_tokens}
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+

@@ -1,0 +1,128 @@
+"""The model registry: versions numbered per name, weights and file hashes, safety gates, refusal of changed files,
+and the ``meshlm registry`` commands."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
+from meshlm.errors import CheckpointError, ConfigError
+from meshlm.serve.registry import Registry, RegistryError, parse_ref, verify_files
+
+
+def make_checkpoints(root: Path) -> tuple[Path, Path]:
+    """Two checkpoints (steps 1 and 2, different random weights) of a `debug` model with a 512-token tokenizer
+    trained on a few embedded documents: no training run, so a module builds them in about a second."""
+    from meshlm.checkpoint.manager import CheckpointManager
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.data import embedded_documents
+    from meshlm.models import build_model
+    from meshlm.tokenizer import MeshTokenizer
+
+    root.mkdir(parents=True, exist_ok=True)
+    MeshTokenizer.train(embedded_documents()[:200], 512).save(root / "tokenizer.json")
+    cfg = load_config(None, ["model.flavor=debug", "model.vocab_size=512"])
+    manager = CheckpointManager(root, keep_last=3)
+    steps = []
+    for step in (1, 2):
+        model = build_model(cfg.model, "cpu", seed=step)
+        steps.append(manager.save(step, [model], None, {"step": step}, config_to_toml(cfg),
+                                  {"tokenizer.json": root / "tokenizer.json"}))
+    return steps[0], steps[1]
+
+
+def write_report(path: Path, passed: bool) -> Path:
+    path.write_text(json.dumps({"gates": {"passed": passed, "refusal_rate": {"value": 0.97, "passed": passed}}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    return make_checkpoints(tmp_path_factory.mktemp("registry") / "run")
+
+
+def test_versions_hashes_gates(checkpoints, tmp_path):
+    step1, step2 = checkpoints
+    reg = Registry(tmp_path / "reg.sqlite")
+    v1 = reg.add_checkpoint(step1, "tiny", write_report(tmp_path / "ok.json", True))
+    v2 = reg.add_checkpoint(step2.parent.parent, "tiny")  # a run directory: its newest valid checkpoint
+    v3 = reg.add_checkpoint(step1, "tiny", write_report(tmp_path / "bad.json", False))
+    other = reg.add_checkpoint(step2, "other")
+    assert [v.ref for v in reg.versions("tiny")] == ["tiny:v1", "tiny:v2", "tiny:v3"] and other.ref == "other:v1"
+    assert v2.source == str(step2.resolve())
+    assert v1.weights_sha256 == weights_sha256(model_from_checkpoint(step1)[0])  # what `meshlm inspect` prints
+    assert v2.weights_sha256 != v1.weights_sha256 and v3.weights_sha256 == v1.weights_sha256
+    manifest = json.loads((step1 / "manifest.json").read_text())["files"]
+    assert {k: m["sha256"] for k, m in manifest.items()}.items() <= v1.files.items()
+    assert v1.config["model"]["vocab_size"] == 512 and v1.created_by and v1.created_at.endswith("Z")
+    assert (v1.gate_status, v1.servable) == ("passed", True)
+    assert (v2.gate_status, v2.servable) == ("no report", False)
+    assert (v3.gate_status, v3.servable) == ("failed", False)
+    assert v1.report["gates"]["refusal_rate"]["value"] == 0.97 and len(v1.report["sha256"]) == 64
+    assert reg.get("tiny:2") == v2 and parse_ref("a.b-c:v12") == ("a.b-c", 12)
+    with pytest.raises(RegistryError, match="tiny:v1, tiny:v2, tiny:v3"):
+        reg.get("tiny:v9")
+    with pytest.raises(RegistryError, match="NAME:vN"):
+        reg.get("tiny")
+    (tmp_path / "nogates.json").write_text('{"summary": {}}')
+    with pytest.raises(ConfigError, match="gates"):
+        reg.add_checkpoint(step1, "tiny", tmp_path / "nogates.json")
+    with pytest.raises(ConfigError, match="--name"):
+        reg.add_checkpoint(step1, "bad:name")
+    remote = reg.add_endpoint("http://127.0.0.1:9/v1/", "tiny", "upstream-model")
+    assert (remote.ref, remote.kind, remote.source, remote.remote_model) == ("tiny:v4", "endpoint",
+                                                                             "http://127.0.0.1:9/v1", "upstream-model")
+    with pytest.raises(ConfigError, match="http"):
+        reg.add_endpoint("ftp://x", "tiny")
+    assert [v.ref for v in Registry(tmp_path / "reg.sqlite").versions("tiny")][-1] == "tiny:v4"  # persisted
+
+
+def test_changed_files_are_refused_at_load(checkpoints, tmp_path):
+    from meshlm.serve.local import LocalBackend
+
+    step1, step2 = checkpoints
+    folder = tmp_path / "ckpt"
+    shutil.copytree(step1, folder)
+    reg = Registry(tmp_path / "reg.sqlite")
+    entry = reg.add_checkpoint(folder, "tiny")
+    backend = LocalBackend.load(entry)  # intact: loads, weights hash checked
+    backend.engine.close()
+    shutil.rmtree(folder)
+    shutil.copytree(step2, folder)  # a valid checkpoint (its own manifest matches), but other weights
+    with pytest.raises(CheckpointError, match="sha256 recorded at registration"):
+        verify_files(entry)
+    with pytest.raises(CheckpointError, match="sha256"):
+        LocalBackend.load(entry)
+    shutil.rmtree(folder)
+    with pytest.raises(CheckpointError, match="no longer exists"):
+        verify_files(entry)
+
+
+def test_cli_add_list_show(checkpoints, tmp_path, capfd):
+    from meshlm.cli.main import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as stop:
+            main(list(argv))
+        out, err = capfd.readouterr()
+        return stop.value.code, out, err
+
+    db = str(tmp_path / "reg.sqlite")
+    code, out, _ = run("registry", "add", str(checkpoints[0]), "--name", "tiny", "--registry", db, "--report",
+                       str(write_report(tmp_path / "r.json", True)), "--json")
+    added = json.loads(out)
+    assert code == 0 and added["ref"] == "tiny:v1" and added["gate_status"] == "passed" and added["servable"]
+    code, out, _ = run("registry", "add", "--endpoint", "http://127.0.0.1:9/v1", "--name", "tiny", "--registry", db)
+    assert code == 0 and "tiny:v2" in out and "not servable without --force" in out
+    code, out, _ = run("registry", "list", "--registry", db, "--json")
+    assert [(v["ref"], v["kind"]) for v in json.loads(out)] == [("tiny:v1", "checkpoint"), ("tiny:v2", "endpoint")]
+    code, out, _ = run("registry", "show", "tiny:v1", "--registry", db, "--json")
+    assert json.loads(out)["weights_sha256"] == added["weights_sha256"]
+    code, _, err = run("registry", "show", "tiny:v7", "--registry", db)
+    assert code == 2 and "tiny:v7 is not in the registry" in err and "Traceback" not in err
+    code, _, err = run("registry", "add", "--name", "x", "--registry", db)
+    assert code == 2 and "exactly one" in err
