@@ -63,6 +63,8 @@ def print_slow(r: dict[str, Any]) -> None:
                                     "optimizer_s")]
             print(f"  {k['rank']:>4} " + " ".join(f"{v:>9.4f}" if v is not None else f"{'-':>9}" for v in cells))
     print(f"  stragglers: {', '.join(map(str, r['stragglers'])) if r['stragglers'] else 'none'}")
+    if m["comm_share"] is None:
+        print("  (no profiled step in this run: single-device runs are not sampled; --profile STEPS measures one)")
     if not r["recommendations"]:
         print("no recommendation: no share above its threshold")
     for rec in r["recommendations"]:
