@@ -188,6 +188,14 @@ while True:
 """
 
 
+def writer_count(path: Path, writer: str) -> int:
+    conn = sqlite3.connect(str(path), timeout=30)
+    try:
+        return conn.execute("SELECT count(*) FROM records WHERE body LIKE ?", (f'%"{writer}-%',)).fetchone()[0]
+    finally:
+        conn.close()
+
+
 def test_writers_killed_mid_append_leave_a_valid_chain(tmp_path):
     """Two processes append to one file and are SIGKILLed mid-stream: every record is whole, the chain valid."""
     path = tmp_path / "a.db"
@@ -197,7 +205,9 @@ def test_writers_killed_mid_append_leave_a_valid_chain(tmp_path):
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(writer_count(path, f"p{k}") >= 5 for k in range(2)):
+            time.sleep(0.1)  # until both writers are well into their loops (a loaded machine may starve one)
     finally:
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)

@@ -118,3 +118,15 @@ def test_labelled_set_meets_the_recall_targets():
     for t, (hits, total) in found.items():
         target = 0.90 if t in ("PERSON", "STREET_ADDRESS") else 0.99
         assert total >= 5 and hits / total >= target, (t, hits, total)
+
+
+@pytest.mark.parametrize("unit", ["sk-", "1.", "a.b@", "A-", "Aa ", "born "])
+def test_adversarial_input_takes_linear_time(unit):
+    """Repeated fragments that made unbounded patterns quadratic (90 KB of "sk-" took 77 s) now take well under a
+    second per 20 KB; the bound is loose so that a loaded CI machine passes and a quadratic pattern does not."""
+    import time
+
+    text = unit * (20_000 // len(unit))
+    start = time.perf_counter()
+    sanitize(text)
+    assert time.perf_counter() - start < 4.0

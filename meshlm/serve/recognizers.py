@@ -17,12 +17,14 @@ from typing import Iterator
 Span = tuple[int, int, str]
 
 # ----------------------------------------------------------------------------------------------------- email
-_EMAIL = re.compile(
-    r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,24}\b")
+_EMAIL = re.compile(  # bounded repeats (RFC 5321 limits) keep long runs of dots and digits linear
+    r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.){1,8}"
+    r"[A-Za-z]{2,24}\b")
 _AT = r"(?:\s*[\[(<{]\s*at\s*[\])>}]\s*|\s+at\s+)"
 _DOT = r"(?:\s*[\[(<{]\s*dot\s*[\])>}]\s*|\s+dot\s+)"
 _EMAIL_SPELLED = re.compile(  # "jane.doe [at] example [dot] com", "lars dot nielsen at example dot dk"
-    rf"\b[\w+-]+(?:(?:\.|{_DOT})[\w+-]+)*{_AT}[\w-]+(?:(?:\.|{_DOT})[\w-]+)*{_DOT}[A-Za-z]{{2,6}}\b", re.I)
+    rf"(?<![\w.+-])[\w+-]{{1,64}}(?:(?:\.|{_DOT})[\w+-]{{1,64}}){{0,4}}{_AT}[\w-]{{1,63}}"
+    rf"(?:(?:\.|{_DOT})[\w-]{{1,63}}){{0,4}}{_DOT}[A-Za-z]{{2,6}}\b", re.I)
 
 
 def emails(text: str) -> Iterator[Span]:

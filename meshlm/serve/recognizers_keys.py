@@ -16,32 +16,35 @@ from typing import Iterator
 
 Span = tuple[int, int, str]
 
-_VENDOR_KEYS = re.compile("|".join([
-    r"\bsk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?[A-Za-z0-9_-]{20,}",  # OpenAI, Anthropic
-    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}", r"\bgithub_pat_[A-Za-z0-9_]{40,}",  # GitHub
-    r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",  # AWS access key ids
-    r"\bxox[abposr]-[A-Za-z0-9-]{10,}", r"https://hooks\.slack\.com/services/[A-Za-z0-9/]+",  # Slack
-    r"\bAIza[0-9A-Za-z_-]{35}", r"\bya29\.[0-9A-Za-z_-]{20,}",  # Google
-    r"\bglpat-[A-Za-z0-9_-]{20,}", r"\bhf_[A-Za-z0-9]{30,}",  # GitLab, Hugging Face
-    r"\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{16,}", r"\bwhsec_[A-Za-z0-9]{24,}",  # Stripe
-    r"\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", r"\bnpm_[A-Za-z0-9]{36}", r"\bpypi-[A-Za-z0-9_-]{50,}",
-    r"\bdop_v1_[a-f0-9]{64}", r"\bshpat_[a-fA-F0-9]{32}", r"\bsq0atp-[A-Za-z0-9_-]{22}",
-    r"\bAC[a-f0-9]{32}\b", r"\bSK[a-f0-9]{32}\b",  # Twilio
-    r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
-    r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
+_START = r"(?<![A-Za-z0-9_-])"  # never inside a longer token: also keeps "sk-sk-sk-..." linear
+_VENDOR_KEYS = re.compile("|".join(_START + p for p in [
+    r"sk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?[A-Za-z0-9_-]{20,512}",  # OpenAI, Anthropic
+    r"(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,512}", r"github_pat_[A-Za-z0-9_]{40,512}",  # GitHub
+    r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",  # AWS access key ids
+    r"xox[abposr]-[A-Za-z0-9-]{10,512}", r"https://hooks\.slack\.com/services/[A-Za-z0-9/]{1,256}",  # Slack
+    r"AIza[0-9A-Za-z_-]{35}", r"ya29\.[0-9A-Za-z_-]{20,512}",  # Google
+    r"glpat-[A-Za-z0-9_-]{20,512}", r"hf_[A-Za-z0-9]{30,512}",  # GitLab, Hugging Face
+    r"(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{16,512}", r"whsec_[A-Za-z0-9]{24,512}",  # Stripe
+    r"SG\.[A-Za-z0-9_-]{16,512}\.[A-Za-z0-9_-]{16,512}", r"npm_[A-Za-z0-9]{36}", r"pypi-[A-Za-z0-9_-]{50,512}",
+    r"dop_v1_[a-f0-9]{64}", r"shpat_[a-fA-F0-9]{32}", r"sq0atp-[A-Za-z0-9_-]{22}",
+    r"AC[a-f0-9]{32}\b", r"SK[a-f0-9]{32}\b",  # Twilio
+    r"eyJ[A-Za-z0-9_-]{8,4096}\.eyJ[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,4096}",  # JWT
+    r"-----BEGIN[A-Z ]{0,20}PRIVATE KEY-----[\s\S]{0,8192}?-----END[A-Z ]{0,20}PRIVATE KEY-----",
 ]))
 _SECRET_WORD = (r"(?:api[_ .-]?key|apikey|(?:account|shared[_ .-]?access|signing|encryption|master|license|"
                 r"subscription|consumer|app|admin|service)[_ .-]?key|access[_ .-]?key(?:[_ .-]?id)?|secret(?:[_ .-]?(?:access[_ .-]?)?key)?|"
                 r"client[_ .-]?secret|(?:access|auth|api|bearer|refresh|session|bot|personal[_ .-]access)"
                 r"[_ .-]?token|token|private[_ .-]?key|passwd|password|passphrase|pwd|credentials?|x-api-key)")
-# An identifier may end in a secret word: DATADOG_API_KEY, aws.secret.key, accountKey, clientSecret.
-_IDENT_PREFIX = r"(?:\b(?:[A-Za-z0-9]+[_.-])+|\b(?-i:[A-Za-z0-9]*[a-z])(?=(?-i:[A-Z]))|\b)"
+# An identifier may end in a secret word: DATADOG_API_KEY, aws.secret.key, accountKey, clientSecret — so the word
+# may follow a non-letter or, camel-case, a lower-case letter when it starts upper-case (not "monkey", "mytoken").
+_WORD_START = r"(?:(?<![A-Za-z0-9])|(?<=(?-i:[a-z]))(?=(?-i:[A-Z])))"
 _AFTER_WORD = re.compile(  # api_key="...", token: ..., "password is hunter2!", Authorization: Bearer ...
-    rf"{_IDENT_PREFIX}{_SECRET_WORD}[\"']?\s*(?:(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
-    r"(?P<value>[^\s\"'`,;<>)\]}]{6,})", re.I)
-_BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
-_URL_PASSWORD = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s:/@]+:(?P<value>[^\s@/]{3,})@", re.I)
-_RANDOM_TOKEN = re.compile(r"(?<![\w/+=.-])[A-Za-z0-9_\-+/]{32,}={0,2}(?![\w/+=-])")
+    rf"{_WORD_START}{_SECRET_WORD}[\"']?\s*(?:(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
+    r"(?P<value>[^\s\"'`,;<>)\]}]{6,200})", re.I)
+_BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,4096})")
+_URL_PASSWORD = re.compile(r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,20}://[^\s:/@]{1,64}:(?P<value>[^\s@/]{3,128})@",
+                           re.I)
+_RANDOM_TOKEN = re.compile(r"(?<![\w/+=.-])[A-Za-z0-9_\-+/]{32,4096}={0,2}(?![\w/+=-])")
 
 
 def entropy_bits(s: str) -> float:

@@ -9,6 +9,7 @@ a known surname (:mod:`meshlm.serve.name_lists`). An address is a house number, 
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from typing import Iterator
@@ -37,20 +38,21 @@ _STRONG_CONTEXT = re.compile(
     r"\bpatient:?|\bemployee:?|\bapplicant:?|\bsincerely,?|\bregards,?|\bcheers,?|\bthanks,?|\bbest,?|"
     r"\bwishes,?|\bfaithfully,?|\btruly,?|\bbeneficiary:?|\bcardholder:?|\baccount\s+holder:?|\bundersigned,?|"
     r"\bje\s+m'appelle|\bmon\s+nom\s+est|\bme\s+llamo|\bmi\s+nombre\s+es|\bmi\s+chiamo|\bmein\s+Name\s+ist|"
-    r"\bich\s+hei(?:ß|ss)e|\bmeu\s+nome\s+é|\bjag\s+heter|\bmijn\s+naam\s+is)\s*$", re.I)
+    r"\bich\s+hei(?:ß|ss)e|\bmeu\s+nome\s+é|\bjag\s+heter|\bmijn\s+naam\s+is)\s*", re.I)
 _WEAK_CONTEXT = re.compile(
     r"(?:\bI\s+am|\bI'm|\bim|\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|"
     r"\bby|\bfrom|\bmeet|\bmet|\bhi|\bhello|\bhey|\band|\bfor|\bsaid|\btold|\bcalled\s+me|\bsoy|\bsono|"
     r"\bich\s+bin|\bje\s+suis|\bsou|\binform|\bto|\bmanager|\bcontact\s+person:?|\bfriend|\bcolleague|"
-    r"\bboss|\bwife|\bhusband|\bson|\bdaughter|\bmother|\bfather|\bbrother|\bsister)\s*,?\s*$", re.I)
+    r"\bboss|\bwife|\bhusband|\bson|\bdaughter|\bmother|\bfather|\bbrother|\bsister)\b\s*,?\s*", re.I)
 _TITLE = re.compile(r"\b(?<![\w.])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Rev|Fr|Sr|Sra|Srta|"
-                    r"Herr|Frau|Mme|Mlle|M|Sheikh|Shri|Smt|Capt|Captain|Lt|Col|Gen|Sgt|Officer|Judge|Justice)\.?\s+$")
+                    r"Herr|Frau|Mme|Mlle|M|Sheikh|Shri|Smt|Capt|Captain|Lt|Col|Gen|Sgt|Officer|Judge|Justice)\.?\s+")
 # Family-name endings common across Europe, the Caucasus, Turkey and the Americas: "Capitalised + Wiśniewski".
 _SURNAME_ENDING = re.compile(r"(?:ski|ska|cki|cka|wicz|vić|vic|ović|ovic|enko|chuk|escu|eanu|opoulos|idis|akis|"
                              r"shvili|adze|oglu|oğlu|yan|sson|sen|berg|stein|mann|ez|ov|ova|ev|eva|elli|etti|"
                              r"ucci|eira|inho|ová)$")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def fold(word: str) -> str:
     """``Lucía`` -> ``Lucia``: name lists are matched without accents."""
     return "".join(ch for ch in unicodedata.normalize("NFKD", word) if not unicodedata.combining(ch))
@@ -91,9 +93,13 @@ def w_sep(words: list[re.Match], j: int) -> str:
 
 def people(text: str) -> Iterator[Span]:
     words = list(_WORD.finditer(text))
+    # Where each context phrase ends (after its blanks): a name must start exactly there. One pass per pattern.
+    strong = {m.end() for m in _STRONG_CONTEXT.finditer(text)}
+    weak = {m.end() for m in _WEAK_CONTEXT.finditer(text)}
+    titles = {m.end(): m.start() for m in _TITLE.finditer(text)}
     i = 0
     while i < len(words):
-        w = words[i].group()
+        w, pos = words[i].group(), words[i].start()
         if _is_cap(w) and w not in _NOT_NAMES and len(w) >= 2:
             end = _name_run(words, i)
         elif w.islower() and _given(w) and w.capitalize() not in AMBIGUOUS_GIVEN:
@@ -102,28 +108,25 @@ def people(text: str) -> Iterator[Span]:
             i += 1
             continue
         run = [m.group().rstrip("'’-") for m in words[i:end]]
-        before = text[max(0, words[i].start() - 48):words[i].start()]
-        if run and _accept(run, before, sentence_start=_starts_sentence(text, words[i].start()),
+        if run and _accept(run, pos in strong or pos in titles, pos in weak, _starts_sentence(text, pos),
                            lower=w.islower()):
-            start, stop = words[i].start(), words[end - 1].end() - (len(words[end - 1].group()) - len(run[-1]))
-            title = _TITLE.search(before)
-            if title:  # "Dr. Ayesha Siddiqui" is masked whole: a title next to a placeholder still narrows it down
-                start -= len(before) - title.start()
-            yield start, stop, "PERSON"
+            stop = words[end - 1].end() - (len(words[end - 1].group()) - len(run[-1]))
+            # "Dr. Ayesha Siddiqui" is masked whole: a title beside a placeholder still narrows it down.
+            yield titles.get(pos, pos), stop, "PERSON"
             i = end
         else:
             i += 1
 
 
 def _starts_sentence(text: str, pos: int) -> bool:
-    prefix = text[:pos].rstrip(" \t\"'(")
+    prefix = text[max(0, pos - 16):pos].rstrip(" \t\"'(")
+    if not prefix and pos > 16:
+        return False  # only blanks in the window: treat as mid-text
     return not prefix or prefix[-1] in ".!?\n:;"
 
 
-def _accept(run: list[str], before: str, sentence_start: bool, lower: bool = False) -> bool:
+def _accept(run: list[str], strong: bool, weak: bool, sentence_start: bool, lower: bool = False) -> bool:
     first, last = run[0], run[-1]
-    strong = bool(_STRONG_CONTEXT.search(before) or _TITLE.search(before))
-    weak = bool(_WEAK_CONTEXT.search(before))
     if lower:
         return strong or weak
     if strong:
@@ -146,22 +149,22 @@ _STREET_TYPES = (r"Street|St|Avenue|Ave|Av|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|
                  r"Embankment|Expressway|Freeway|Turnpike|Causeway|Point|Ridge|Run|Crossing|Commons")
 _DIRECTION = r"(?:N|S|E|W|NE|NW|SE|SW|North|South|East|West)\.?"
 _UNIT = r"(?i:,?\s*(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl|Room|Rm|Bldg|Building|#)\.?\s*#?[\w-]{1,6})"
-_CITY_TAIL = (r"(?:,\s*[A-Z][a-z][A-Za-z.'-]*(?:\s+[A-Z][a-z][A-Za-z.'-]*){0,2})?"  # , Springfield
+_CITY_TAIL = (r"(?:,\s*[A-Z][a-z][A-Za-z.'-]{0,30}(?:\s+[A-Z][a-z][A-Za-z.'-]{0,30}){0,2})?"  # , Springfield
               r"(?:,?\s*(?:[A-Z]{1,2}\d[A-Z\d]?\s*\d[A-Z]{2}\b|[A-Z]\d[A-Z]\s?\d[A-Z]\d\b)"  # NW1 6XE, K1A 0B1
               r"|(?:,?\s*[A-Z]{2,3}(?=[\s,]|$))?(?:,?\s*\d{4,5}(?:-\d{4})?\b)?)")  # , IL 62704; NSW 2000
-_STREET_NAME_WORD = r"(?:[A-Z][\w'’.-]*|\d{1,3}(?:st|nd|rd|th)|[a-z][\w'’-]+)"
+_STREET_NAME_WORD = r"(?:[A-Z][\w'’.-]{0,30}|\d{1,3}(?:st|nd|rd|th)|[a-z][\w'’-]{1,30})"
 _NUMBER_FIRST = re.compile(
     rf"\b\d{{1,6}}[A-Za-z]?(?:[-/]\d{{1,5}})?,?\s+(?:{_DIRECTION}\s+)?(?P<name>(?:{_STREET_NAME_WORD}\s+){{1,4}}?)"
     rf"(?i:{_STREET_TYPES})\b\.?(?:\s+{_DIRECTION}(?![\w]))?{_UNIT}?{_CITY_TAIL}")
 _CONTINENTAL = re.compile(
-    r"\b[A-ZÄÖÜ][\w'’-]*(?i:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|laan|straat|gracht|plein|"
+    r"(?<![\w'’-])[A-ZÄÖÜ][\w'’-]{0,40}(?i:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|laan|straat|gracht|plein|"
     r"vej|gade|gatan|gata|veien|vegen|katu|tie|utca|ulica)\s+\d{1,5}(?:\s?[a-z](?!\w))?\b"
-    r"(?:,?\s*\d{4,5}\s+[A-ZÄÖÜ][\w-]+)?"  # , 10115 Berlin
+    r"(?:,?\s*\d{4,5}\s+[A-ZÄÖÜ][\w-]{1,30})?"  # , 10115 Berlin
     r"|\b(?:Rue|Avenue|Boulevard|Bd|Place|Chemin|Allée|Impasse|Quai|Via|Viale|Piazza|Corso|Largo|Calle|Avenida|"
     r"Av\.|Paseo|Plaza|Rua|Travessa|Carrer|Ulica|ul\.)\s+(?:(?:de|del|della|di|da|do|dos|das|la|le|les|des|du|"
-    r"d'|l')\s*)?(?:[A-ZÀ-Ý][\w'’.-]*\s*){1,3},?\s+\d{1,5}[a-z]?\b"
+    r"d'|l')\s*)?(?:[A-ZÀ-Ý][\w'’.-]{0,30}\s*){1,3},?\s+\d{1,5}[a-z]?\b"
     r"|\b\d{1,5}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|cours|route)\s+"
-    r"(?:(?:de\s+la|de|du|des|d'|l')\s*)?[A-ZÀ-Ý][\w'’-]*(?:\s+[A-ZÀ-Ý][\w'’-]*){0,3}")
+    r"(?:(?:de\s+la|de|du|des|d'|l')\s*)?[A-ZÀ-Ý][\w'’-]{0,30}(?:\s+[A-ZÀ-Ý][\w'’-]{0,30}){0,3}")
 _PO_BOX = re.compile(r"\bP\.?\s?O\.?\s*Box\s+\d{1,8}\b|\bPost\s+Office\s+Box\s+\d{1,8}\b", re.I)
 _NOT_STREET_WORDS = frozenset("the a an to of my our your his her their this that on in at for and or down up "
                               "more less than about around across along into over per each every".split())
