@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -116,7 +117,14 @@ async def _serve(opts: ServeOptions) -> None:
         # The operator's own settings, no request data: printed as they are (the sanitizer would mask the address).
         print(f"meshlm serve: {', '.join(e.ref for e in entries)} on {url}/v1 (audit {opts.audit}, admin API "
               f"{'on' if opts.admin_token else 'off'})", file=sys.stderr, flush=True)
-        await uvicorn.Server(config).serve(sockets=[sock])
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it found;
+        # a no-op one lets the cleanup below run and the process exit 0.
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            await uvicorn.Server(config).serve(sockets=[sock])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     finally:
         await router.aclose()
         audit.close()
