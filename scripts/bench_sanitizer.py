@@ -5,7 +5,10 @@ type) cover all of its characters — nothing of it would reach the audit log. A
 when it overlaps no gold span of its type (look-alike rows — versions, hashes, UUIDs, order numbers,
 invalid-checksum cards — have no gold spans, so anything found there counts). Also prints sanitize() speed.
 
-    .venv/bin/python scripts/bench_sanitizer.py [--data FILE] [--json] [--presidio]
+    .venv/bin/python scripts/bench_sanitizer.py [--data FILE] [--split dev|check] [--json] [--presidio]
+
+The set's ``dev`` rows were written first and the recognisers tuned on them; the ``check`` rows were written after
+the first version and scored once before any change (docs/audit.md gives both).
 
 ``--presidio`` adds Microsoft Presidio's pattern recognisers (no spaCy model) on the same rows, for comparison;
 it needs ``pip install presidio-analyzer`` and is not a dependency of meshlm (docs/audit.md says why).
@@ -134,10 +137,11 @@ def print_table(name: str, result: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=ROOT / "tests" / "data" / "pii_eval.jsonl")
+    ap.add_argument("--split", choices=["dev", "check"], help="only rows of this split (default: all)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--presidio", action="store_true", help="also score Presidio's pattern recognisers")
     args = ap.parse_args()
-    rows = load_rows(args.data)
+    rows = [r for r in load_rows(args.data) if args.split is None or r.get("split") == args.split]
     report = {"data": str(args.data), "rows": len(rows), "meshlm": score(rows, ours)}
     texts = [r["text"] for r in rows]
     start = time.perf_counter()

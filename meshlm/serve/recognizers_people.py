@@ -40,10 +40,20 @@ _STRONG_CONTEXT = re.compile(
     r"\bje\s+m'appelle|\bmon\s+nom\s+est|\bme\s+llamo|\bmi\s+nombre\s+es|\bmi\s+chiamo|\bmein\s+Name\s+ist|"
     r"\bich\s+hei(?:ß|ss)e|\bmeu\s+nome\s+é|\bjag\s+heter|\bmijn\s+naam\s+is)\s*", re.I)
 _WEAK_CONTEXT = re.compile(
-    r"(?:\bI\s+am|\bI'm|\bim|\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|"
-    r"\bby|\bfrom|\bmeet|\bmet|\bhi|\bhello|\bhey|\band|\bfor|\bsaid|\btold|\bcalled\s+me|\bsoy|\bsono|"
-    r"\bich\s+bin|\bje\s+suis|\bsou|\binform|\bto|\bmanager|\bcontact\s+person:?|\bfriend|\bcolleague|"
-    r"\bboss|\bwife|\bhusband|\bson|\bdaughter|\bmother|\bfather|\bbrother|\bsister)\b\s*,?\s*", re.I)
+    r"(?:\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|\bby|\bfrom|\bmeet|"
+    r"\bmet|\bhi|\bhello|\bhey|\band|\bfor|\bsaid|\btold|\bcalled\s+me|\binform|\bto|\bthank\s+you|\bthanks)"
+    r"\b\s*,?\s*", re.I)
+# A person's role or relation right before: "my colleague X Y", "our CEO, X Y", "I'm X Y" — any capitalised run.
+_ROLE_CONTEXT = re.compile(
+    r"(?:\bI\s+am|\bI'm|\bim|\bsoy|\bsono|\bich\s+bin|\bje\s+suis|\bsou|\bcontact\s+person:?|\bmanager|"
+    r"\bfriend|\bcolleague|\bcoworker|\bco-worker|\bboss|\bwife|\bhusband|\bson|\bdaughter|\bmother|\bfather|"
+    r"\bmom|\bmum|\bdad|\bbrother|\bsister|\bcousin|\buncle|\baunt|\bgrand(?:mother|father|ma|pa)|\bnephew|"
+    r"\bniece|\bpartner|\bfianc[ée]e?|\bgirlfriend|\bboyfriend|\bneighbou?r|\blandlord|\btenant|\bCEO|\bCTO|"
+    r"\bCFO|\bCOO|\bfounder|\bdirector|\bpresident|\bchair(?:man|woman|person)?|\blawyer|\battorney|\bdoctor|"
+    r"\bnurse|\bteacher|\btutor|\bassistant|\bintern|\bsupervisor|\bmentor|\bcoach|\brecruiter|"
+    r"\bagent|\brepresentative|\bphysician|\bdentist|\btherapist|\baccountant)\b\s*,?\s*", re.I)
+_PLACE_PREFIX = re.compile(r"\b(?:St|Ste|Saint|San|Santa|Santo|São|Mount|Mt|Lake|Port|Fort|Cape)\.?\s+", re.I)
+_SURNAME_SHAPE = re.compile(r"^(?:O'|O’|Mc|Mac|Fitz)[A-Z]\w+$")
 _TITLE = re.compile(r"\b(?<![\w.])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Rev|Fr|Sr|Sra|Srta|"
                     r"Herr|Frau|Mme|Mlle|M|Sheikh|Shri|Smt|Capt|Captain|Lt|Col|Gen|Sgt|Officer|Judge|Justice)\.?\s+")
 # Family-name endings common across Europe, the Caucasus, Turkey and the Americas: "Capitalised + Wiśniewski".
@@ -96,6 +106,8 @@ def people(text: str) -> Iterator[Span]:
     # Where each context phrase ends (after its blanks): a name must start exactly there. One pass per pattern.
     strong = {m.end() for m in _STRONG_CONTEXT.finditer(text)}
     weak = {m.end() for m in _WEAK_CONTEXT.finditer(text)}
+    role = {m.end() for m in _ROLE_CONTEXT.finditer(text)}
+    place = {m.end() for m in _PLACE_PREFIX.finditer(text)}
     titles = {m.end(): m.start() for m in _TITLE.finditer(text)}
     i = 0
     while i < len(words):
@@ -104,12 +116,17 @@ def people(text: str) -> Iterator[Span]:
             end = _name_run(words, i)
         elif w.islower() and _given(w) and w.capitalize() not in AMBIGUOUS_GIVEN:
             end = i + 1  # "my name is sarah", "im kofi": a known name typed in lower case, after context only
+            if end < len(words) and w_sep(words, end) == " " and _surname(words[end].group().capitalize()):
+                end += 1  # "jessica wong"
         else:
             i += 1
             continue
         run = [m.group().rstrip("'’-") for m in words[i:end]]
-        if run and _accept(run, pos in strong or pos in titles, pos in weak, _starts_sentence(text, pos),
-                           lower=w.islower()):
+        if pos in place:
+            i = end  # "St. Louis", "San Jose", "Lake Victoria": places named after people
+            continue
+        if run and _accept(run, pos in strong or pos in titles, pos in weak, pos in role,
+                           _starts_sentence(text, pos), lower=w.islower()):
             stop = words[end - 1].end() - (len(words[end - 1].group()) - len(run[-1]))
             # "Dr. Ayesha Siddiqui" is masked whole: a title beside a placeholder still narrows it down.
             yield titles.get(pos, pos), stop, "PERSON"
@@ -125,17 +142,18 @@ def _starts_sentence(text: str, pos: int) -> bool:
     return not prefix or prefix[-1] in ".!?\n:;"
 
 
-def _accept(run: list[str], strong: bool, weak: bool, sentence_start: bool, lower: bool = False) -> bool:
+def _accept(run: list[str], strong: bool, weak: bool, role: bool, sentence_start: bool, lower: bool = False) -> bool:
     first, last = run[0], run[-1]
     if lower:
-        return strong or weak
-    if strong:
+        return strong or weak or role
+    if strong or role:
         return True
     ambiguous = fold(first) in AMBIGUOUS_GIVEN
-    known_last = len(run) > 1 and (_surname(last) or bool(_SURNAME_ENDING.search(last)) and len(last) > 4)
+    known_last = len(run) > 1 and (_surname(last) or bool(_SURNAME_SHAPE.match(last))
+                                   or bool(_SURNAME_ENDING.search(last)) and len(last) > 4)
     if len(run) > 1 and (_given(first) or known_last):
         return not (sentence_start and ambiguous and not known_last and not weak)
-    if _given(first) and not ambiguous:
+    if (_given(first) and not ambiguous) or _SURNAME_SHAPE.match(first):
         return True
     if len(run) > 1 and _surname(first) and not ambiguous and not sentence_start:
         return True  # family name first: "Nguyen Van An", "Zhang Wei"
@@ -153,8 +171,10 @@ _CITY_TAIL = (r"(?:,\s*[A-Z][a-z][A-Za-z.'-]{0,30}(?:\s+[A-Z][a-z][A-Za-z.'-]{0,
               r"(?:,?\s*(?:[A-Z]{1,2}\d[A-Z\d]?\s*\d[A-Z]{2}\b|[A-Z]\d[A-Z]\s?\d[A-Z]\d\b)"  # NW1 6XE, K1A 0B1
               r"|(?:,?\s*[A-Z]{2,3}(?=[\s,]|$))?(?:,?\s*\d{4,5}(?:-\d{4})?\b)?)")  # , IL 62704; NSW 2000
 _STREET_NAME_WORD = r"(?:[A-Z][\w'’.-]{0,30}|\d{1,3}(?:st|nd|rd|th)|[a-z][\w'’-]{1,30})"
+_HOUSE_NUMBER = r"(?:\d{1,6}[A-Za-z]?(?:[-/]\d{1,5})?|One|Two|Three|Four|Five|Six|Seven|Eight|Nine|Ten)"
+_UNIT_FIRST = r"(?:(?i:Flat|Apt\.?|Apartment|Unit|Suite|Ste\.?|Room|Floor)\s*#?\w{1,5},?\s+)?"
 _NUMBER_FIRST = re.compile(
-    rf"\b\d{{1,6}}[A-Za-z]?(?:[-/]\d{{1,5}})?,?\s+(?:{_DIRECTION}\s+)?(?P<name>(?:{_STREET_NAME_WORD}\s+){{1,4}}?)"
+    rf"\b{_UNIT_FIRST}{_HOUSE_NUMBER},?\s+(?:{_DIRECTION}\s+)?(?P<name>(?:{_STREET_NAME_WORD}\s+){{1,4}}?)"
     rf"(?i:{_STREET_TYPES})\b\.?(?:\s+{_DIRECTION}(?![\w]))?{_UNIT}?{_CITY_TAIL}")
 _CONTINENTAL = re.compile(
     r"(?<![\w'’-])[A-ZÄÖÜ][\w'’-]{0,40}(?i:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|laan|straat|gracht|plein|"
