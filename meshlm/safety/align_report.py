@@ -21,11 +21,11 @@ def _cell(stat: dict | None) -> str:
 
 
 def report_markdown(report: dict[str, Any]) -> str:
-    models = list(report["models"])
     lines = ["# meshlm align report", "",
              f"Final model: `{report['final_model']}`; gates {'PASSED' if report['passed'] else 'FAILED'}. "
              "Rates with Wilson 95% intervals, rule judge, greedy decoding, model alone.", ""]
     for set_name in ("heldout", "synthetic"):
+        models = [m for m in report["models"] if set_name in report["models"][m]]
         lines += [f"## {set_name} prompts ({report['sets'].get(set_name, 0)})", "",
                   "| metric | target | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
         for metric in HEADLINE:

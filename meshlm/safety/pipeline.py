@@ -93,7 +93,7 @@ def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resu
     raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len,
            "path": str(data / "preference.jsonl")}, "optimizer": {"lr": d.lr}, "schedule": {"warmup_steps": 5},
            "training": {"objective": "dpo", "steps": d.steps, "batch_size": d.batch_size, "eval_interval": 0},
-           "objective": {"loss_type": d.loss_type, "beta": d.beta, "reference": "precomputed", "eval_fraction": 0.02},
+           "objective": {"loss_type": d.loss_type, "beta": d.beta, "reference": "model", "eval_fraction": 0.02},
            "checkpoint": {**_common(cfg)["checkpoint"], "init_from": str(init_from)}}  # fmt: skip
     return _train(raw, run_dir, resume, log)
 
@@ -194,7 +194,8 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
         if name == "base" and not cfg.eval.evaluate_base:
             continue
         t_model = time.perf_counter()
-        reports[name] = evaluate_model(name, path, sets, cfg, run_dir / "eval",
+        model_sets = {"heldout": sets["heldout"]} if name == "base" else sets  # the base is compared on heldout
+        reports[name] = evaluate_model(name, path, model_sets, cfg, run_dir / "eval",
                                        cfg.eval.gates or None if name == final else None, log)
         timings[f"eval_{name}_s"] = time.perf_counter() - t_model
     timings["eval_s"] = time.perf_counter() - t
