@@ -15,24 +15,12 @@ from meshlm.serve.registry import Registry, RegistryError, parse_ref, verify_fil
 
 
 def make_checkpoints(root: Path) -> tuple[Path, Path]:
-    """Two checkpoints (steps 1 and 2, different random weights) of a `debug` model with a 512-token tokenizer
-    trained on a few embedded documents: no training run, so a module builds them in about a second."""
-    from meshlm.checkpoint.manager import CheckpointManager
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.data import embedded_documents
-    from meshlm.models import build_model
-    from meshlm.tokenizer import MeshTokenizer
+    """Two checkpoints (steps 1 and 2, different random weights) of a `debug` model with a 512-token tokenizer:
+    no training run, so a module builds them in about a second."""
+    from meshlm.serve.fixtures import random_checkpoints
 
-    root.mkdir(parents=True, exist_ok=True)
-    MeshTokenizer.train(embedded_documents()[:200], 512).save(root / "tokenizer.json")
-    cfg = load_config(None, ["model.flavor=debug", "model.vocab_size=512"])
-    manager = CheckpointManager(root, keep_last=3)
-    steps = []
-    for step in (1, 2):
-        model = build_model(cfg.model, "cpu", seed=step)
-        steps.append(manager.save(step, [model], None, {"step": step}, config_to_toml(cfg),
-                                  {"tokenizer.json": root / "tokenizer.json"}))
-    return steps[0], steps[1]
+    step1, step2 = random_checkpoints(root)
+    return step1, step2
 
 
 def write_report(path: Path, passed: bool) -> Path:
