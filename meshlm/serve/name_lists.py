@@ -62,7 +62,7 @@ AMBIGUOUS_GIVEN = frozenset("""
 Amber April Art August Austin Bill Brook Carol Chance Chase Charlotte Christian Dawn Dean Faith Florence Frank
 Georgia Grace Grant Guy Harmony Hope Iris Ivy Jack Jade June Jordan Joy Justice Lily Mark Max May Miles Nick Norman
 Paris Pat Penny Rich Rose Ruby Sky Summer Sydney Victoria Violet Will Young Lane Hunter Page Ray Sue Sun Min Nam Kim
-Lee Long
+Lee Long Adam Victor Mercedes Eve Angel Hunter Chance
 """.split())
 
 SURNAMES = frozenset("""

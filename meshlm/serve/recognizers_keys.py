@@ -39,7 +39,7 @@ _SECRET_WORD = (r"(?:api[_ .-]?key|apikey|(?:account|shared[_ .-]?access|signing
 # may follow a non-letter or, camel-case, a lower-case letter when it starts upper-case (not "monkey", "mytoken").
 _WORD_START = r"(?:(?<![A-Za-z0-9])|(?<=(?-i:[a-z]))(?=(?-i:[A-Z])))"
 _AFTER_WORD = re.compile(  # api_key="...", token: ..., "password is hunter2!", Authorization: Bearer ...
-    rf"{_WORD_START}{_SECRET_WORD}[\"']?\s*(?:(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
+    rf"{_WORD_START}{_SECRET_WORD}[\"']?\s*(?P<sep>(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
     r"(?P<value>[^\s\"'`,;<>)\]}]{6,200})", re.I)
 _BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,4096})")
 _URL_PASSWORD = re.compile(r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,20}://[^\s:/@]{1,64}:(?P<value>[^\s@/]{3,128})@",
@@ -58,16 +58,27 @@ def _classes(s: str) -> int:
 
 def looks_secret(value: str) -> bool:
     """A value after a secret word: not a plain word, identifier or number ("is", "required", "user_name", "512")."""
-    if len(value) < 6 or value.isdigit():
-        return False
+    if len(value) < 6 or value.isdigit() or not value.isascii() or re.search(r"[()\[\]{}]", value):
+        return False  # keys and passwords are ASCII; brackets are code or maths ("max(x)", "6·N")
     letters, digits = bool(re.search(r"[A-Za-z]", value)), bool(re.search(r"\d", value))
     symbols = bool(re.search(r"[^\w.-]", value))
-    return letters and (digits or symbols) or len(value) >= 20 and entropy_bits(value) >= 3.5
+    mixed_case = value != value.lower() and value != value.upper()
+    return letters and (digits or symbols) or (len(value) >= 20 and entropy_bits(value) >= 3.5 and mixed_case
+                                               and "." not in value)
+
+
+def looks_random_short(token: str) -> bool:
+    """A token-shaped value: 12+ URL-safe characters with letters and digits ("abc123def456ghi")."""
+    return (len(token) >= 12 and re.fullmatch(r"[A-Za-z0-9._~+/=-]+", token) is not None
+            and bool(re.search(r"[A-Za-z]", token)) and bool(re.search(r"\d", token)))
 
 
 def looks_random(token: str) -> bool:
     """A free-standing token that only a machine writes: long, three character classes, high entropy."""
     core = token.strip("=")
+    pieces = re.split(r"[/_-]", core)
+    if len(pieces) > 1 and any(len(p) >= 4 and p.isalpha() and p.islower() for p in pieces):
+        return False  # a path or identifier ("RUN_DIR/checkpoints/step-00000100"), not random bytes
     return (len(core) >= 32 and bool(re.search(r"[a-z]", core)) and bool(re.search(r"[A-Z]", core))
             and bool(re.search(r"\d", core)) and entropy_bits(core) >= 4.0)
 
@@ -78,6 +89,8 @@ def api_keys(text: str) -> Iterator[Span]:
     for rx in (_AFTER_WORD, _BEARER, _URL_PASSWORD):
         for m in rx.finditer(text):
             value = m.group("value").rstrip(".!?:")
+            if rx is _AFTER_WORD and not m.group("sep").strip() and not looks_random_short(value):
+                continue  # "per token max(...)", "token (measured": a bare space after the word needs a real token
             if rx is _URL_PASSWORD or looks_secret(value):
                 yield m.start("value"), m.start("value") + len(value), "API_KEY"
     for m in _RANDOM_TOKEN.finditer(text):

@@ -51,7 +51,7 @@ _ROLE_CONTEXT = re.compile(
     r"\bniece|\bpartner|\bfianc[ée]e?|\bgirlfriend|\bboyfriend|\bneighbou?r|\blandlord|\btenant|\bCEO|\bCTO|"
     r"\bCFO|\bCOO|\bfounder|\bdirector|\bpresident|\bchair(?:man|woman|person)?|\blawyer|\battorney|\bdoctor|"
     r"\bnurse|\bteacher|\btutor|\bassistant|\bintern|\bsupervisor|\bmentor|\bcoach|\brecruiter|"
-    r"\bagent|\brepresentative|\bphysician|\bdentist|\btherapist|\baccountant)\b\s*,?\s*", re.I)
+    r"\bphysician|\bdentist|\btherapist|\baccountant)\b\s*,?\s*", re.I)
 _PLACE_PREFIX = re.compile(r"\b(?:St|Ste|Saint|San|Santa|Santo|São|Mount|Mt|Lake|Port|Fort|Cape)\.?\s+", re.I)
 _SURNAME_SHAPE = re.compile(r"^(?:O'|O’|Mc|Mac|Fitz)[A-Z]\w+$")
 _TITLE = re.compile(r"\b(?<![\w.])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Rev|Fr|Sr|Sra|Srta|"
@@ -77,7 +77,11 @@ def _surname(word: str) -> bool:
 
 
 def _is_cap(word: str) -> bool:
-    return word[0].isupper() and not word.isupper() or (len(word) == 1 and word.isupper())
+    """Capitalised like a name: "Maria", "O'Neill", "McDonald", "Jean-Luc" — not "DTensor", "DeviceMesh", "GPU"."""
+    if not word[0].isupper() or (word.isupper() and len(word) > 1):
+        return False
+    inner = re.sub(r"^(?:O['’]|Mc|Mac|Fitz|D['’]|L['’])", "", word)
+    return not any(ch.isupper() for part in re.split(r"[-'’]", inner) for ch in part[1:])
 
 
 def _name_run(words: list[re.Match], i: int) -> int:
@@ -157,7 +161,7 @@ def _accept(run: list[str], strong: bool, weak: bool, role: bool, sentence_start
         return True
     if len(run) > 1 and _surname(first) and not ambiguous and not sentence_start:
         return True  # family name first: "Nguyen Van An", "Zhang Wei"
-    return weak and (_given(first) or _surname(first))
+    return weak and not ambiguous and _surname(first)  # "talk to Patel"; "and Adam moments" stays
 
 
 # --------------------------------------------------------------------------------------------- street address
@@ -175,7 +179,7 @@ _HOUSE_NUMBER = r"(?:\d{1,6}[A-Za-z]?(?:[-/]\d{1,5})?|One|Two|Three|Four|Five|Si
 _UNIT_FIRST = r"(?:(?i:Flat|Apt\.?|Apartment|Unit|Suite|Ste\.?|Room|Floor)\s*#?\w{1,5},?\s+)?"
 _NUMBER_FIRST = re.compile(
     rf"\b{_UNIT_FIRST}{_HOUSE_NUMBER},?\s+(?:{_DIRECTION}\s+)?(?P<name>(?:{_STREET_NAME_WORD}\s+){{1,4}}?)"
-    rf"(?i:{_STREET_TYPES})\b\.?(?:\s+{_DIRECTION}(?![\w]))?{_UNIT}?{_CITY_TAIL}")
+    rf"(?P<type>(?i:{_STREET_TYPES}))\b\.?(?:\s+{_DIRECTION}(?![\w]))?{_UNIT}?{_CITY_TAIL}")
 _CONTINENTAL = re.compile(
     r"(?<![\w'’-])[A-ZÄÖÜ][\w'’-]{0,40}(?i:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|laan|straat|gracht|plein|"
     r"vej|gade|gatan|gata|veien|vegen|katu|tie|utca|ulica)\s+\d{1,5}(?:\s?[a-z](?!\w))?\b"
@@ -187,7 +191,22 @@ _CONTINENTAL = re.compile(
     r"(?:(?:de\s+la|de|du|des|d'|l')\s*)?[A-ZÀ-Ý][\w'’-]{0,30}(?:\s+[A-ZÀ-Ý][\w'’-]{0,30}){0,3}")
 _PO_BOX = re.compile(r"\bP\.?\s?O\.?\s*Box\s+\d{1,8}\b|\bPost\s+Office\s+Box\s+\d{1,8}\b", re.I)
 _NOT_STREET_WORDS = frozenset("the a an to of my our your his her their this that on in at for and or down up "
-                              "more less than about around across along into over per each every".split())
+                              "more less than about around across along into over per each every as is was are be "
+                              "by with from it its we you they he she i me us them than then so if".split())
+
+
+# Written in lower case ("15 maple drive"), only the everyday street words count: "2 servers run", "one row".
+_LOWER_TYPES = frozenset("street st avenue ave road rd drive dr lane ln boulevard blvd way court ct place pl terrace "
+                         "circle highway hwy parkway".split())
+
+
+def _street_case_ok(street_type: str, name_words: list[str]) -> bool:
+    """Addresses are written in title case, all capitals, or (chat) all lower case — not mixed like prose."""
+    if street_type.isupper() and len(street_type) > 1:
+        return all(w.isupper() or w[0].isdigit() for w in name_words)  # "12 MAIN ST", not "7, as TRL"
+    if street_type[0].isupper():
+        return all(w[0].isupper() or w[0].isdigit() for w in name_words)
+    return street_type.lower() in _LOWER_TYPES and all(w.islower() or w[0].isdigit() for w in name_words)
 
 
 def street_addresses(text: str) -> Iterator[Span]:
@@ -195,6 +214,8 @@ def street_addresses(text: str) -> Iterator[Span]:
         name_words = m.group("name").split()
         if any(w.lower() in _NOT_STREET_WORDS for w in name_words):
             continue  # "5 blocks down the road", "3 of our drive"
+        if not _street_case_ok(m.group("type"), name_words):
+            continue
         yield m.start(), m.end(), "STREET_ADDRESS"
     for rx in (_CONTINENTAL, _PO_BOX):
         for m in rx.finditer(text):
