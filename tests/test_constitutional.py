@@ -137,3 +137,15 @@ def test_checkpoint_runs_the_loop_mechanically(tiny_checkpoint, tmp_path, capfd)
     rows = read_rows(out / "sft.jsonl", objective="sft") if manifest["sft_rows"] else []
     examples, stats = encode_examples(rows, encoder, max_tokens=64)
     assert stats.loss_tokens >= len(rows)  # each row trains at least its end token
+
+
+def test_quoted_text_is_cut_to_max_quote_chars():
+    seen: list[str] = []
+
+    def generate(prompts):
+        seen.extend(prompts)
+        return ["x" * 500 for _ in prompts]
+
+    critique_and_revise([Item("q", principles=("Be kind.",))], generate, [], max_quote_chars=40)
+    assert "x" * 40 + " ..." in seen[1] and "x" * 41 not in seen[1]  # the critique request
+    assert seen[2].count("x" * 40 + " ...") == 2  # the revision request quotes answer and critique

@@ -87,8 +87,15 @@ def read_items(path: str | Path, spec: Any) -> list[Item]:
 
 
 def critique_and_revise(items: Sequence[Item], generate: Generate, principles: Sequence[str], *,
-                        revisions: int = 1, seed: int = 0) -> Result:
-    """Answer -> (critique -> revise) x ``revisions`` for every item; see the module docstring."""
+                        revisions: int = 1, seed: int = 0, max_quote_chars: int | None = None) -> Result:
+    """Answer -> (critique -> revise) x ``revisions`` for every item; see the module docstring.
+
+    ``max_quote_chars`` shortens the response and critique quoted inside the critique/revision requests (an
+    endpoint with a small context refuses a request that does not fit; a checkpoint keeps the prompt's end)."""
+    def quote(text: str) -> str:
+        text = text or "(empty)"
+        return text if max_quote_chars is None or len(text) <= max_quote_chars else text[:max_quote_chars] + " ..."
+
     if revisions < 1:
         raise DataError(f"--revisions must be at least 1, got {revisions}")
     if not principles and not all(it.principles for it in items):
@@ -99,9 +106,9 @@ def critique_and_revise(items: Sequence[Item], generate: Generate, principles: S
     steps: list[list[dict[str, str]]] = [[] for _ in items]
     for rnd in range(revisions):
         chosen = [_principle(it, principles, seed, rnd) for it in items]
-        critiques = _generate(generate, [CRITIQUE.format(prompt=it.prompt, response=resp or "(empty)", principle=pr)
+        critiques = _generate(generate, [CRITIQUE.format(prompt=it.prompt, response=quote(resp), principle=pr)
                                          for it, resp, pr in zip(items, latest, chosen)], "critiques")
-        asks = [REVISE.format(prompt=it.prompt, response=resp or "(empty)", critique=crit or "(none)", principle=pr,
+        asks = [REVISE.format(prompt=it.prompt, response=quote(resp), critique=quote(crit), principle=pr,
                               guidance=f"Guidance for this kind of request: {it.guidance}\n" if it.guidance else "")
                 for it, resp, crit, pr in zip(items, latest, critiques, chosen)]
         revised = _generate(generate, asks, "revisions")
@@ -180,6 +187,8 @@ def add_parser(align_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (checkpoint)")
+    p.add_argument("--max-quote-chars", type=int, help="cut the answer/critique quoted in the critique and revision "
+                                                       "requests to N characters (for endpoints with a small context)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(handler=run)
     return p
@@ -192,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     items = read_items(args.prompts, spec) if args.prompts else items_from_spec(spec)
+    if args.max_quote_chars is not None and args.max_quote_chars < 1:
+        raise DataError(f"--max-quote-chars must be at least 1, got {args.max_quote_chars}")
     if args.limit is not None:
         if args.limit < 1:
             raise DataError(f"--limit must be at least 1, got {args.limit}")
@@ -202,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         generate = checkpoint_generate_fn(args.checkpoint, max_new_tokens=args.max_new_tokens,
                                           temperature=args.temperature, seed=args.seed, batch_size=args.batch_size)
-    result = critique_and_revise(items, generate, spec.principles(), revisions=args.revisions, seed=args.seed)
+    result = critique_and_revise(items, generate, spec.principles(), revisions=args.revisions, seed=args.seed,
+                                 max_quote_chars=args.max_quote_chars)
     manifest = write_result(result, args.out, {"model": args.endpoint or args.checkpoint,
                                                "endpoint_model": args.model, "revisions": args.revisions,
                                                "seed": args.seed, "spec_version": getattr(spec, "version", None)})
