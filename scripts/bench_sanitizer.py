@@ -5,7 +5,7 @@ type) cover all of its characters — nothing of it would reach the audit log. A
 when it overlaps no gold span of its type (look-alike rows — versions, hashes, UUIDs, order numbers,
 invalid-checksum cards — have no gold spans, so anything found there counts). Also prints sanitize() speed.
 
-    .venv/bin/python scripts/bench_sanitizer.py [--data FILE] [--split dev|check] [--json] [--presidio]
+    .venv/bin/python scripts/bench_sanitizer.py [--data FILE] [--split dev|check] [--json] [--presidio] [--audit]
 
 The set's ``dev`` rows were written first and the recognisers tuned on them; the ``check`` rows were written after
 the first version and scored once before any change (docs/audit.md gives both).
@@ -115,6 +115,40 @@ def presidio_detector():
                          if r.entity_type in names and r.score >= 0.4]
 
 
+def audit_append_rate(texts: list[str], num_records: int = 400, num_threads: int = 4) -> dict:
+    """Records/s appended to a fresh AuditLog (sanitize + chain + one fsync'd transaction each), one thread and
+    ``num_threads`` threads, with the eval rows as prompts."""
+    import tempfile
+    import threading
+
+    from meshlm.serve.audit import AuditLog
+    from meshlm.serve.audit_verify import verify
+
+    result = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for threads in (1, num_threads):
+            path = Path(tmp) / f"bench-{threads}.db"
+            log = AuditLog(path)
+            per_thread = num_records // threads
+
+            def work(t: int) -> None:
+                for i in range(per_thread):
+                    log.append({"kind": "request", "request_id": f"{t}-{i}", "prompt": texts[i % len(texts)],
+                                "response": texts[(i + 7) % len(texts)], "status": 200})
+
+            start = time.perf_counter()
+            workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            elapsed = time.perf_counter() - start
+            log.close()
+            assert verify(path).ok
+            result[f"records_per_s_{threads}_threads"] = per_thread * threads / elapsed
+    return result
+
+
 def fmt(x: float | None) -> str:
     return "   -  " if x is None else f"{100 * x:5.1f}%"
 
@@ -140,6 +174,7 @@ def main() -> None:
     ap.add_argument("--split", choices=["dev", "check"], help="only rows of this split (default: all)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--presidio", action="store_true", help="also score Presidio's pattern recognisers")
+    ap.add_argument("--audit", action="store_true", help="also time AuditLog.append (records/s, 1 and 4 threads)")
     args = ap.parse_args()
     rows = [r for r in load_rows(args.data) if args.split is None or r.get("split") == args.split]
     report = {"data": str(args.data), "rows": len(rows), "meshlm": score(rows, ours)}
@@ -149,6 +184,8 @@ def main() -> None:
         for t in texts:
             sanitize(t)
     report["meshlm"]["us_per_row"] = (time.perf_counter() - start) / (5 * len(texts)) * 1e6
+    if args.audit:
+        report["audit"] = audit_append_rate(texts)
     if args.presidio:
         start = time.perf_counter()
         detect = presidio_detector()
@@ -163,6 +200,8 @@ def main() -> None:
         return
     print(f"{len(rows)} rows from {args.data}")
     print_table(f"meshlm sanitizer ({report['meshlm']['us_per_row']:.0f} us per row)", report["meshlm"])
+    if args.audit:
+        print("\naudit log appends: " + ", ".join(f"{k} {v:.0f}" for k, v in report["audit"].items()))
     if args.presidio:
         print_table(f"Presidio pattern recognisers, structured types only ({report['presidio']['us_per_row']:.0f} "
                     f"us per row, setup {report['presidio_setup_s']:.2f} s)", report["presidio"])
