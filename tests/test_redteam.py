@@ -140,7 +140,8 @@ def test_model_attacker_keeps_only_successful_rewrites_over_http():
 
     with OpenAIEndpointServer(attacker, model="atk") as atk, OpenAIEndpointServer(target, model="tgt") as tgt:
         rows, stats = model_attack(SEEDS[:2], Endpoint(atk.base_url, "atk", concurrency=1).generate_fn(),
-                                   target=Endpoint(tgt.base_url, "tgt").generate_fn(), judge=RuleJudge().label, rounds=2)
+                                   target=Endpoint(tgt.base_url, "tgt").generate_fn(), judge=RuleJudge().label,
+                                   rounds=2)
     assert stats == {"rewrites": 3, "empty": 0, "kept": 2, "failed": 0}
     assert all(r["success"] and "bomb" not in r["prompt"] and r["family"] == "model_rewrite" for r in rows)
     assert sorted(r["template"] for r in rows) == ["model_rewrite/round0", "model_rewrite/round1"]

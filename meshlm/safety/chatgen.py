@@ -4,8 +4,8 @@ Both the red-team attacker and the constitutional loop only need single-turn cha
 message and the reply is the assistant's turn. A checkpoint goes through its own chat template (meshlm's
 ``<|user|> ... <|end|><|assistant|>`` or a converted model's Jinja template) and the batched KV-cache sampler
 (meshlm/generate/rollout.py), stopping at eos or the template's ``<|end|>`` (meshlm.safety.generation); an
-endpoint goes through meshlm.safety.endpoint. A model source is written ``http(s)://...`` (an endpoint, with a model name) or a path
-(a run directory or a checkpoint folder).
+endpoint goes through meshlm.safety.endpoint. A model source is written ``http(s)://...`` (an endpoint, with a
+model name) or a path (a run directory or a checkpoint folder).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def generate_fn(source: str, model: str | None = None, *, max_new_tokens: int = 
         from meshlm.safety.endpoint import Endpoint
 
         if not model:
-            raise ConfigError(f"{flag} {source} is an endpoint: also give its model name ({model_flag or flag + '-model'} NAME)")
+            name_flag = model_flag or f"{flag}-model"
+            raise ConfigError(f"{flag} {source} is an endpoint: also give its model name ({name_flag} NAME)")
         return Endpoint(source, model).generate_fn(max_tokens=max_new_tokens, temperature=temperature)
     return checkpoint_generate_fn(source, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                   batch_size=batch_size, device=device)
