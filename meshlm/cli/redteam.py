@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 from meshlm.cli.jsonout import emit
+from meshlm.errors import ConfigError
 
 
 def register(sub, add_config_args) -> None:
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from meshlm.safety.redteam import attack, check_families, model_attack, read_seed_prompts, seeds_from_spec
     from meshlm.safety.spec import load_spec
 
+    if args.target and not args.attacker:
+        raise ConfigError("--target judges the attacker's rewrites: give --attacker too (a checkpoint or URL)")
     families = check_families(args.families.split(",")) if args.families is not None else None
     spec = load_spec(args.spec)
     seeds = read_seed_prompts(args.prompts, spec) if args.prompts else seeds_from_spec(spec)
