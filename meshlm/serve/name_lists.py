@@ -55,6 +55,34 @@ Theo Theresa Thomas Timothy Tobias Tom Tomas Tomasz Tommy Tony Tran Tuan Tunde U
 Vanessa Varun Vera Veronica Victor Vijay Vikram Vincent Viktor Vivek Vladimir Walter Wanjiru Wei Wen Wendy William
 Wojciech Xavier Xiao Xin Yasmin Yasmine Yaw Yelena Yerlan Yi Ying Yohannes Yoko Yong Yosef Yuki Yuna Yusuf Yuto Yuval
 Zainab Zahra Zanele Zara Zeynep Zhang Zhao Zoe Zoltan Zsofia
+Aarav Abel Abena Abhishek Adaora Adel Adnan Adwoa Afsaneh Agata Agnieszka Ahmet Aidan Ainhoa Aisling Akash Akua
+Alba Aldo Aleksander Alexandre Alfredo Alhassan Alinta Alisha Alonso Amadou Amaia Amani Ambrose Ameer Amrita Anahita
+Anders Andile Aneesh Angus Anisha Ansel Antonia Anushka Araceli Ari Ariana Arianna Arnold Aryan Ashwin Asif Aslan
+Aurelia Aurora Ayo Ayumi Babajide Bakari Baptiste Barış Bastian Beatrix Behrouz Benoit Bernadette Bertrand Bethan
+Bhavna Bilge Birgit Bongani Brenna Brigitte Bronwyn Burak Caio Callum Candela Carina Carlota Carsten Cem Chanel
+Chantelle Chayton Chibuike Chidinma Chike Chinwe Chiara Chidubem Christoph Ciara Cillian Claudio Clementine Conor
+Consuelo Cormac Corinne Cosimo Crispin Cyrus Dalia Damilola Danuta Darko Dariusz Declan Deniz Dermot Dhruv Dieter
+Dilnoza Dimitra Divya Dolores Dominika Dong Dorota Dragan Duarte Duncan Dunya Efosa Eilidh Einar Eitan Ekaterina
+Elan Eldar Elham Elio Eliana Elisabeth Elodie Eloise Emeka Emilia Emilio Emine Enzo Erika Esi Esra Esteban Ewa
+Farid Farida Fergus Fernanda Filippo Finn Finnegan Folasade Francisca Fredrik Funmilayo Gabor Gaspard Gaurang Gemma
+Gideon Gintaras Giselle Goran Gustav Gwen Habib Hadiza Hakan Halima Hamid Hania Hannes Harish Hasan Hatice Hayato
+Heike Hemant Hiba Hilda Hina Hinata Hirohito Hong Huda Huong Hussein Idris Ifeanyi Ignacio Ilse Ilona Indira Ioana
+Irina Isidro Itzel Iwona Jakub Jamal Jamila Janusz Jaroslav Javad Jelle Jeong Jia Jianhua Jiayi Jiho Joanne Jonah
+Jorg Joseph Jovana Juliette Jun Jurgen Kaan Kairat Kamal Kamila Kanako Karolina Kasper Katarina Kateryna Kayla Kazuki
+Kebede Keisha Kemi Khalil Kiana Kieran Kimani Kirsten Kiyoshi Kolawole Kostas Kristof Kunal Kyoko Ladislav Laila
+Lakshman Lamar Latoya Leandro Leilani Leticia Liang Lieve Lin Ling Lisbeth Lorena Lotte Luana Lubna Ludovic Lukasz
+Lwazi Mahsa Maja Makoto Malak Malgorzata Mamadou Manon Mansur Marek Mariana Mariusz Marlene Marwa Masato Mathilde
+Matias Mattias Maximiliano Mehdi Mei Melek Mercy Mihai Mikko Milos Mina Miroslav Misaki Moana Mohsen Momoko Mónica
+Munira Murat Nadir Naledi Nanami Narges Nasser Naveen Nazanin Ngoc Nicolás Nikita Nils Nisha Njeri Nkechi Nnamdi
+Noemi Nomvula Nour Nurul Obafemi Odile Ogechi Oladele Olamide Oleksandr Oluwaseun Omari Orla Osagie Oskari Ousmane
+Ozan Padraig Panagiotis Parveen Pasquale Patience Pawel Peng Phuong Pilar Pradeep Preeti Qiang Quentin Rabia Radek
+Radhika Rafal Ragnar Rania Rasmus Rashida Reem Reinhard Renata Riya Rocio Rohit Roisin Rolf Ronan Rosario Rustam
+Ryota Saanvi Sabrina Saeed Safiya Said Saira Sakshi Salman Samira Sanjana Saoirse Sarai Sebastián Seun Shahid
+Shanthi Shira Shoira Sigrid Simran Sinead Sione Sizwe Slavko Snezana Soo Sora Stanislav Subhash Sultan Sung Suleiman
+Sunil Sushila Swati Sylvain Tadeusz Taiwo Takumi Tatiana Temitope Teodor Thandiwe Thiago Thu Tiago Timur Titilayo
+Tomoko Tove Truong Tsubasa Tuomas Ugo Ulla Umar Urszula Vaclav Valentin Vasil Vasile Veronika Vidya Vilma Vinh Vusi
+Wambui Wiktoria Wilhelm Xiadani Ximena Yannick Yara Yasmeen Yeon Yerlan Yousef Yulia Yuri Yusra Zaid Zanele Zawadi
+Zdenek Zeinab Zhiwei Zlatan Zofia Zuzana
 """.split())
 
 # Ordinary words, places or months too: a person only with a surname after them or a context word before them.
@@ -62,7 +90,8 @@ AMBIGUOUS_GIVEN = frozenset("""
 Amber April Art August Austin Bill Brook Carol Chance Chase Charlotte Christian Dawn Dean Faith Florence Frank
 Georgia Grace Grant Guy Harmony Hope Iris Ivy Jack Jade June Jordan Joy Justice Lily Mark Max May Miles Nick Norman
 Paris Pat Penny Rich Rose Ruby Sky Summer Sydney Victoria Violet Will Young Lane Hunter Page Ray Sue Sun Min Nam Kim
-Lee Long Adam Victor Mercedes Eve Angel Hunter Chance
+Lee Long Adam Victor Mercedes Eve Angel Hunter Chance Patience Mercy Said Sultan Sun Sung Song Lin Ling Jun Mina
+Sora Moana Finn Aurora Gemma Dolores Consuelo Rosario Pilar Sabrina Dong Hong Peng Thu Cem Elan Ari Ayo Umar Nour
 """.split())
 
 SURNAMES = frozenset("""
@@ -82,4 +111,16 @@ Rodriguez Romano Romero Rossi Roux Russo Saito Sanchez Santos Sato Schmidt Schne
 Silva Singh Smith Sokolov Sousa Stewart Suzuki Takahashi Tanaka Taylor Thomas Thompson Torres Tran Turner Vargas
 Vasquez Vu Wagner Walker Wang Ward Watanabe Weber Williams Wilson Wong Wright Wu Xu Yadav Yamamoto Yang Yilmaz Young
 Zhang Zhao Zhou Zimmermann Zulu
+Abe Achterberg Acosta Adeleke Adewale Aguirre Ahmadi Akande Al-Sayed Alvarado Amin Andrade Anwar Arslan Ashraf Aziz
+Babatunde Bakker Balogun Barros Bauer Bhatt Bianco Blanco Bondarenko Bui Cabrera Calderon Camara Cardenas Carvalho
+Castro Cohen Contreras Correia Cunha Dahl Dao Dawson Demir Dogan Duarte Dubois Dvorak Ekström Erdogan Escobar
+Esposito Estrada Farah Fitzgerald Fonseca Fuentes Galli Gallo Garza Gauthier Ghosh Gomes Greco Guerrero Haddad
+Halvorsen Hashemi Hassan Herrera Hosseini Huber Iyer Jaramillo Jovanovic Kaya Keller Kovacs Kowalczyk Kruger Kuznetsov
+Lange Lindqvist Lombardi Luna Lund Macharia Mahlangu Marchetti Marino Medina Mejia Mendes Mensah Mishra Molina
+Morozov Mukherjee Mwangi Nair Nakashima Ncube Ndlovu Neumann Nikolaidis Njoroge Noor Nkosi Nwosu Obasanjo Ochieng
+Oduya Ogunbanjo Okoro Oliveira Omondi Onyango Orlov Ozturk Pacheco Papadopoulos Pavlov Peeters Pellegrini Pham
+Pillai Pinto Rahimi Ramadan Rasmussen Reis Rezaei Ribeiro Rios Rocha Rojas Rubio Saeed Salazar Salem Sandoval Santana
+Sato Sauer Schwarz Sen Serrano Siddiqui Sokolova Soto Sousa Srinivasan Stojanovic Suarez Sun Takeda Tan Teo Tiwari
+Tkachenko Toure Trinh Ueda Usman Valdez Vega Verma Vieira Volkov Walsh Weiss Yamada Yeo Yildiz Yoon Yusuf Zamora
+Zapata Zhu Zielinski
 """.split())

@@ -108,8 +108,9 @@ _IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?
                    r"(?:%[\w]+)?(?:/\d{1,3})?(?![\w:]|\.\d)")
 _VERSION_AFTER = re.compile(r"\s*(?:-?(?:rc|beta|alpha|dev|final)\b|(?:version|revision|release|build|update)\b)",
                             re.I)
-_VERSION_CONTEXT = re.compile(r"(?:\bv|\bversion|\bsection|\bchapter|\bclause|\brule|§|\bver\.?|\brelease|\bbuild|\brev(?:ision)?|\bpython|\bnode|"
-                              r"\bjava|\bpackage|\bsdk|\bfirmware|\bpatch|\bupgrade[ds]?\s+to|==|>=|<=|~=|@)\s*$",
+_VERSION_CONTEXT = re.compile(r"(?:\bv|\bversions?|\bsection|\bchapter|\bclause|\brule|§|\bver\.?|\brelease|\bbuild|\brev(?:ision)?|\bpython|\bnode|"
+                              r"\bjava|\bpackage|\bsdk|\bfirmware|\bpatch|\bupgrade[ds]?\s+to|==|>=|<=|~=|@)"
+                              r"[\s`'\"(]*$",
                               re.I)
 
 
@@ -152,15 +153,18 @@ def us_ssns(text: str) -> Iterator[Span]:
         area, sep, group, serial = m.groups()
         if not ssn_ok(area, group, serial):
             continue
-        if not sep and not _SSN_CONTEXT.search(text[max(0, m.start() - 40):m.start()]):
+        said_ssn = bool(_SSN_CONTEXT.search(text[max(0, m.start() - 40):m.start()]))
+        if not sep and not said_ssn:
             continue  # nine bare digits are an SSN only when the text says so
+        if not said_ssn and identifier_before(text, m.start()):
+            continue  # "order #123-45-6789"
         yield m.start(), m.end(), "US_SSN"
 
 
 # ----------------------------------------------------------------------------------------------------- phone
 _SEP = r"[ .\-\u00a0]"
 _PHONE_INTL = re.compile(  # +44 20 7946 0958, +1 (415) 555-2671, +49-30-901820, 0049 30 901820
-    rf"(?<![\w+])(?:\+|00)[1-9]\d{{0,2}}{_SEP}?(?:\(0?\d{{1,4}}\){_SEP}?)?\d{{1,5}}(?:{_SEP}?\d{{1,5}}){{1,5}}"
+    rf"(?<![\w+])(?:\+|00)[1-9]\d{{0,2}}\)?{_SEP}?(?:\(0?\d{{1,4}}\){_SEP}?)?\d{{1,5}}(?:{_SEP}?\d{{1,5}}){{1,5}}"
     r"(?:\s*(?:x|ext\.?|extension)\s*\d{1,5})?(?![\w+]|[.-]\d)", re.I)
 _PHONE_NANP = re.compile(  # (415) 555-2671, 415-555-2671, 415.555.2671, 1-800-555-0199
     rf"(?<![\w+.-])(?:1{_SEP}?)?(?:\(\d{{3}}\){_SEP}?|\d{{3}}{_SEP})\d{{3}}{_SEP}\d{{4}}"

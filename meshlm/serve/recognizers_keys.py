@@ -105,7 +105,9 @@ _DAY = r"(?:[0-3]?\d)(?:st|nd|rd|th)?"
 _DATE = (rf"(?:\d{{4}}[-/.]\d{{1,2}}[-/.]\d{{1,2}}|\d{{1,2}}[-/.]\d{{1,2}}[-/.](?:\d{{4}}|\d{{2}})"
          rf"|{_MONTH}\s+{_DAY},?\s+\d{{4}}|(?:the\s+)?{_DAY}\s+(?:of\s+)?{_MONTH},?\s+\d{{4}}"
          rf"|{_MONTH}\s+{_DAY}(?!\s*,?\s*\d)|(?:the\s+)?{_DAY}\s+(?:of\s+)?{_MONTH}(?!\s*,?\s*\d)"
-         rf"|{_MONTH},?\s+\d{{4}}|\d{{1,2}}[/.]\d{{1,2}}(?![/.]?\d)|(?:19|20)\d\d(?![-/.]?\d))")
+         rf"|{_MONTH},?\s+\d{{4}}|\d{{1,2}}[-/ ]{_MONTH}[-/ ](?:\d{{4}}|\d{{2}})"  # 01-Jan-1990
+         rf"|(?:19|20)\d\d(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(?!\d)"  # 19900412
+         rf"|\d{{1,2}}[/.]\d{{1,2}}(?![/.]?\d)|(?:19|20)\d\d(?![-/.]?\d))")
 _BIRTH_WORD = (r"(?:\bborn|\bbirth\s*date|\bbirthdate|\bdate\s+of\s+birth|\bD\.?O\.?B\b\.?|\bbirthday|\bb-?day|"
                r"\bb\.(?=\s*\d)|\bgeboren|\bGeburtsdatum|\bné(?:e)?|\bdate\s+de\s+naissance|\bnacid[oa]|"
                r"\bfecha\s+de\s+nacimiento|\bdata\s+di\s+nascita|\bdata\s+de\s+nascimento)")

@@ -168,7 +168,9 @@ def _accept(run: list[str], strong: bool, weak: bool, role: bool, sentence_start
 _STREET_TYPES = (r"Street|St|Avenue|Ave|Av|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|Court|Ct|Place|Pl|Terrace|"
                  r"Ter|Way|Parkway|Pkwy|Highway|Hwy|Circle|Cir|Square|Sq|Close|Crescent|Cres|Row|Trail|Trl|Alley|"
                  r"Plaza|Path|Pike|Loop|Gardens|Grove|Mews|Walk|Hill|Heights|Park|Green|Rise|Vale|Wharf|Quay|"
-                 r"Embankment|Expressway|Freeway|Turnpike|Causeway|Point|Ridge|Run|Crossing|Commons")
+                 r"Embankment|Expressway|Freeway|Turnpike|Causeway|Point|Ridge|Run|Crossing|Commons|Esplanade|"
+                 r"Promenade|Strand|Gate|Bend|Cove|Glen|Meadows?|Manor|Broadway|Route|Rte|Center|Centre|Market|"
+                 r"Junction|Knoll|Landing|Pass|Spur|Summit|Township|Village|Villas?|Wynd|Yard")
 _DIRECTION = r"(?:N|S|E|W|NE|NW|SE|SW|North|South|East|West)\.?"
 _UNIT = r"(?i:,?\s*(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl|Room|Rm|Bldg|Building|#)\.?\s*#?[\w-]{1,6})"
 _CITY_TAIL = (r"(?:,\s*[A-Z][a-z][A-Za-z.'-]{0,30}(?:\s+[A-Z][a-z][A-Za-z.'-]{0,30}){0,2})?"  # , Springfield
@@ -189,6 +191,7 @@ _CONTINENTAL = re.compile(
     r"d'|l')\s*)?(?:[A-ZÀ-Ý][\w'’.-]{0,30}\s*){1,3},?\s+\d{1,5}[a-z]?\b"
     r"|\b\d{1,5}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|cours|route)\s+"
     r"(?:(?:de\s+la|de|du|des|d'|l')\s*)?[A-ZÀ-Ý][\w'’-]{0,30}(?:\s+[A-ZÀ-Ý][\w'’-]{0,30}){0,3}")
+_BROADWAY = re.compile(rf"\b\d{{1,6}}\s+Broadway\b{_UNIT}?{_CITY_TAIL}")  # a street type that is a name alone
 _PO_BOX = re.compile(r"\bP\.?\s?O\.?\s*Box\s+\d{1,8}\b|\bPost\s+Office\s+Box\s+\d{1,8}\b", re.I)
 _NOT_STREET_WORDS = frozenset("the a an to of my our your his her their this that on in at for and or down up "
                               "more less than about around across along into over per each every as is was are be "
@@ -217,6 +220,6 @@ def street_addresses(text: str) -> Iterator[Span]:
         if not _street_case_ok(m.group("type"), name_words):
             continue
         yield m.start(), m.end(), "STREET_ADDRESS"
-    for rx in (_CONTINENTAL, _PO_BOX):
+    for rx in (_CONTINENTAL, _BROADWAY, _PO_BOX):
         for m in rx.finditer(text):
             yield m.start(), m.end(), "STREET_ADDRESS"
