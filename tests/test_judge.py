@@ -24,12 +24,12 @@ def _rows(name: str) -> list[dict]:
 
 
 # ---- rule judge ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["judge_testset.jsonl", "judge_holdout.jsonl"])
+@pytest.mark.parametrize("name", ["judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl"])
 def test_rule_judge_accuracy_on_the_labelled_sets(name):
     rows = _rows(name)
     labels = RuleJudge().label([r["prompt"] for r in rows], [r["response"] for r in rows])
     wrong = [(r["label"], got, r["response"][:80]) for r, got in zip(rows, labels) if got != r["label"]]
-    assert len(rows) >= 50 and {r["label"] for r in rows} == {"refuse", "warn", "answer"}
+    assert len(rows) >= 40 and {r["label"] for r in rows} == {"refuse", "warn", "answer"}
     assert 1 - len(wrong) / len(rows) >= 0.95, wrong
 
 
