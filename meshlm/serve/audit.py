@@ -54,10 +54,13 @@ def chain_hash(prev_hash: str, body: dict) -> str:
 
 
 def normalize_time(value: Any) -> str:
-    """An ISO-8601 UTC timestamp with microseconds and ``Z`` (sorts as text), from ISO text or epoch seconds."""
+    """An ISO-8601 UTC timestamp with microseconds and ``Z`` (sorts as text), from ISO text, epoch seconds or a
+    datetime (naive means UTC)."""
     if isinstance(value, bool):
         raise ValueError(f"audit time must be ISO-8601 text or epoch seconds, not {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    elif isinstance(value, (int, float)):
         moment = datetime.fromtimestamp(value, tz=timezone.utc)
     elif isinstance(value, str):
         moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))

@@ -61,28 +61,28 @@ def open_existing(path: str | Path) -> sqlite3.Connection:
         raise AuditLogError(f"{path} is not a meshlm audit database ({exc})") from None
 
 
-def _rows(conn: sqlite3.Connection) -> tuple[list[tuple], dict | None]:
-    conn.execute("BEGIN")  # one read snapshot: rows and head agree even while a server appends
-    try:
-        rows = conn.execute("SELECT seq, time, kind, body, prev_hash, hash FROM records ORDER BY seq").fetchall()
-        head = conn.execute("SELECT value FROM meta WHERE key = 'head'").fetchone()
-    finally:
-        conn.execute("COMMIT")
-    return rows, json.loads(head[0]) if head else None
-
-
 def verify(path: str | Path) -> VerifyReport:
     """Check the whole chain of the log at ``path``; an empty problem list means intact."""
     conn = open_existing(path)
     try:
-        rows, head = _rows(conn)
+        conn.execute("BEGIN")  # one read snapshot: rows and head agree even while a server appends
+        head_row = conn.execute("SELECT value FROM meta WHERE key = 'head'").fetchone()
+        rows = conn.execute("SELECT seq, time, kind, body, prev_hash, hash FROM records ORDER BY seq")
+        report = _check(str(path), rows, json.loads(head_row[0]) if head_row else None)
+        conn.execute("COMMIT")
     finally:
         conn.close()
-    report = VerifyReport(str(path), records=len(rows))
+    return report
+
+
+def _check(path: str, rows, head: dict | None) -> VerifyReport:
+    """The checks, streaming over the rows (only each record's two hashes are kept, not its body)."""
+    report = VerifyReport(path)
     problems = report.problems
-    by_claim: dict[int, tuple[dict, str, str]] = {}  # a record's own seq -> (body, prev_hash, hash)
+    by_claim: dict[int, tuple[str, str]] = {}  # a record's own seq -> (prev_hash, hash)
     expected = GENESIS_HASH
     for seq, time, kind, body_text, prev_hash, stored_hash in rows:
+        report.records += 1
         try:
             body = json.loads(body_text)
             claimed = int(body["seq"])
@@ -92,7 +92,7 @@ def verify(path: str | Path) -> VerifyReport:
         if claimed in by_claim:
             problems.append(Problem(claimed, "duplicated", f"record {claimed} appears again at position {seq}"))
             continue
-        by_claim[claimed] = (body, prev_hash, stored_hash)
+        by_claim[claimed] = (prev_hash, stored_hash)
         if claimed != seq:
             problems.append(Problem(claimed, "reordered", f"record {claimed} is stored at position {seq}"))
         if chain_hash(prev_hash, body) != stored_hash:
@@ -106,17 +106,17 @@ def verify(path: str | Path) -> VerifyReport:
         problems.append(Problem(missing, "deleted", f"record {missing} is missing (the log's head is record "
                                 f"{head_seq})"))
     # Links, in each record's own order: record k must chain to the hash stored with record k-1.
-    for claimed, (_, prev_hash, _) in sorted(by_claim.items()):
-        before = GENESIS_HASH if claimed == 1 else by_claim.get(claimed - 1, (None, None, None))[2]
+    for claimed, (prev_hash, _) in sorted(by_claim.items()):
+        before = GENESIS_HASH if claimed == 1 else by_claim.get(claimed - 1, (None, None))[1]
         if before is not None and prev_hash != before:
             problems.append(Problem(claimed - 1, "modified", f"record {claimed - 1}'s hash was rewritten "
                                     f"(record {claimed} chains to a different one)"))
-    if head is None and rows:
+    if head is None and report.records:
         problems.append(Problem(0, "modified", "the log's stored head is missing"))
-    elif head is not None and head["seq"] == last and last and head["hash"] != by_claim[last][2]:
+    elif head is not None and head["seq"] == last and last and head["hash"] != by_claim[last][1]:
         problems.append(Problem(last, "modified", f"record {last}'s hash differs from the stored head"))
     report.head_seq, report.head_hash = last, expected
-    if not problems and (by_claim and expected != by_claim[last][2]):  # every break shows above; belt and braces
+    if not problems and (by_claim and expected != by_claim[last][1]):  # every break shows above; belt and braces
         problems.append(Problem(last, "modified", "the recomputed chain does not reach the newest record"))
     problems.sort(key=lambda p: (p.seq, p.kind))
     return report
