@@ -108,7 +108,8 @@ _IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|(?
                    r"(?:%[\w]+)?(?:/\d{1,3})?(?![\w:]|\.\d)")
 _VERSION_AFTER = re.compile(r"\s*(?:-?(?:rc|beta|alpha|dev|final)\b|(?:version|revision|release|build|update)\b)",
                             re.I)
-_VERSION_CONTEXT = re.compile(r"(?:\bv|\bversions?|\bsection|\bchapter|\bclause|\brule|§|\bver\.?|\brelease|\bbuild|\brev(?:ision)?|\bpython|\bnode|"
+_VERSION_CONTEXT = re.compile(r"(?:\bv|\bversions?|\bsection|\bchapter|\bclause|\brule|§|\bver\.?|\brelease|"
+                              r"\bbuild|\brev(?:ision)?|\bpython|\bnode|"
                               r"\bjava|\bpackage|\bsdk|\bfirmware|\bpatch|\bupgrade[ds]?\s+to|==|>=|<=|~=|@)"
                               r"[\s`'\"(]*$",
                               re.I)

@@ -32,9 +32,11 @@ _VENDOR_KEYS = re.compile("|".join(_START + p for p in [
     r"-----BEGIN[A-Z ]{0,20}PRIVATE KEY-----[\s\S]{0,8192}?-----END[A-Z ]{0,20}PRIVATE KEY-----",
 ]))
 _SECRET_WORD = (r"(?:api[_ .-]?key|apikey|(?:account|shared[_ .-]?access|signing|encryption|master|license|"
-                r"subscription|consumer|app|admin|service)[_ .-]?key|access[_ .-]?key(?:[_ .-]?id)?|secret(?:[_ .-]?(?:access[_ .-]?)?key)?|"
+                r"subscription|consumer|app|admin|service)[_ .-]?key|access[_ .-]?key(?:[_ .-]?id)?|"
+                r"secret(?:[_ .-]?(?:access[_ .-]?)?key)?|"
                 r"client[_ .-]?secret|(?:access|auth|api|bearer|refresh|session|bot|personal[_ .-]access)"
-                r"[_ .-]?token|token|private[_ .-]?key|passwd|password|passphrase|passcode|pwd|pw|credentials?|x-api-key)")
+                r"[_ .-]?token|token|private[_ .-]?key|passwd|password|passphrase|passcode|pwd|pw|credentials?|"
+                r"x-api-key)")
 # An identifier may end in a secret word: DATADOG_API_KEY, aws.secret.key, accountKey, clientSecret — so the word
 # may follow a non-letter or, camel-case, a lower-case letter when it starts upper-case (not "monkey", "mytoken").
 _WORD_START = r"(?:(?<![A-Za-z0-9])|(?<=(?-i:[a-z]))(?=(?-i:[A-Z])))"

@@ -183,7 +183,8 @@ _NUMBER_FIRST = re.compile(
     rf"\b{_UNIT_FIRST}{_HOUSE_NUMBER},?\s+(?:{_DIRECTION}\s+)?(?P<name>(?:{_STREET_NAME_WORD}\s+){{1,4}}?)"
     rf"(?P<type>(?i:{_STREET_TYPES}))\b\.?(?:\s+{_DIRECTION}(?![\w]))?{_UNIT}?{_CITY_TAIL}")
 _CONTINENTAL = re.compile(
-    r"(?<![\w'’-])[A-ZÄÖÜ][\w'’-]{0,40}(?i:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|laan|straat|gracht|plein|"
+    r"(?<![\w'’-])[A-ZÄÖÜ][\w'’-]{0,40}(?i:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer|laan|"
+    r"straat|gracht|plein|"
     r"vej|gade|gatan|gata|veien|vegen|katu|tie|utca|ulica)\s+\d{1,5}(?:\s?[a-z](?!\w))?\b"
     r"(?:,?\s*\d{4,5}\s+[A-ZÄÖÜ][\w-]{1,30})?"  # , 10115 Berlin
     r"|\b(?:Rue|Avenue|Boulevard|Bd|Place|Chemin|Allée|Impasse|Quai|Via|Viale|Piazza|Corso|Largo|Calle|Avenida|"
