@@ -85,6 +85,7 @@ class BatchEngine:
         # RoPE position (B,) and the token to feed next (B,) of each row; ``cursor`` slots are filled.
         self._cache: list[KVCache] = []
         self._cursor = 0
+        self._dense = True  # every row real from slot 0 (no padding mask needed)
         self._mask = self._pos = self._last = torch.empty(0)
         self._stats = {"requests": 0, "decode_steps": 0, "tokens": 0, "batch_rows": 0, "prefills": 0}
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -203,6 +204,7 @@ class BatchEngine:
         mask[old:, shift_new:cursor] = real
         pos = real.long().sum(1)  # (G,) next position = number of real prompt tokens
         self._cache, self._mask, self._cursor = merged, mask, cursor
+        self._dense = bool(mask[:, :cursor].all())
         self._pos = torch.cat([self._pos, pos]) if old else pos
         fresh = torch.zeros(G, dtype=torch.long, device=self.device)
         self._last = torch.cat([self._last, fresh]) if old else fresh
@@ -213,8 +215,11 @@ class BatchEngine:
         """One decode step for every active row."""
         cur = self._cursor
         self._mask[:, cur] = True
-        logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur,
-                            position_ids=self._pos[:, None], padding_mask=self._mask[:, :cur + 1])  # (B, 1, V)
+        if self._dense:  # no row has padding (e.g. a single row): slot == position, the plain causal path
+            logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur)  # (B, 1, V)
+        else:
+            logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur,
+                                position_ids=self._pos[:, None], padding_mask=self._mask[:, :cur + 1])
         self._cursor, self._pos = cur + 1, self._pos + 1
         self._stats["decode_steps"] += 1
         self._stats["batch_rows"] += len(self._rows)
@@ -247,6 +252,7 @@ class BatchEngine:
         self._cache = [_kv(c.k[index, :, first:], c.v[index, :, first:]) for c in self._cache]
         self._pos, self._last = self._pos[index], self._last[index]
         self._cursor -= first
+        self._dense = bool(self._mask[:, :self._cursor].all())
 
     def _fail_all(self, joining: list[Sequence], exc: Exception) -> None:
         error = ApiError(500, f"generation failed ({type(exc).__name__}); the request was not completed",

@@ -9,6 +9,7 @@ context is a 400, never a failure halfway.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,34 +18,73 @@ import torch
 
 from meshlm.errors import CheckpointError, UserError
 from meshlm.serve.engine import BatchEngine, Sequence
-from meshlm.serve.protocol import ApiError, Event, Failed, Finished, Job
+from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job
 from meshlm.serve.registry import ModelVersion, verify_files
 
 
-class LocalHandle:
-    """Events of one sequence, handed from the engine thread to the event loop."""
+class Mailbox:
+    """Events from the engine thread to the event loop with one loop wake-up per batch of events (a decode step
+    posts one per active row), not one per event: the loop's per-token work is what limits many streams."""
 
-    def __init__(self, engine: BatchEngine, loop: asyncio.AbstractEventLoop) -> None:
-        self._engine, self._loop = engine, loop
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._posted: list[tuple[LocalHandle, Event]] = []
+
+    def post(self, handle: LocalHandle, event: Event) -> None:  # engine thread
+        with self._lock:
+            self._posted.append((handle, event))
+            first = len(self._posted) == 1
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
+                pass
+
+    def _deliver(self) -> None:
+        with self._lock:
+            posted, self._posted = self._posted, []
+        for handle, event in posted:
+            handle.inbox.append(event)
+            handle.ready.set()
+
+
+class LocalHandle:
+    """Events of one sequence. Text deltas that arrived together are sent as one (fewer, larger SSE chunks when
+    the client or the loop falls behind the engine; token counts are unaffected)."""
+
+    def __init__(self, engine: BatchEngine, mailbox: Mailbox) -> None:
+        self._engine, self._mailbox = engine, mailbox
+        self.inbox: list[Event] = []
+        self.ready = asyncio.Event()
         self.seq: Sequence | None = None
 
     def put(self, event: Event) -> None:  # engine thread
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
-            pass
+        self._mailbox.post(self, event)
 
     async def events(self) -> AsyncIterator[Event]:
         while True:
-            event = await self._queue.get()
-            yield event
-            if isinstance(event, (Finished, Failed)):
-                return
+            await self.ready.wait()
+            self.ready.clear()
+            batch, self.inbox = self.inbox, []
+            for event in _coalesce(batch):
+                yield event
+                if isinstance(event, (Finished, Failed)):
+                    return
 
     def cancel(self) -> None:
         if self.seq is not None:
             self._engine.cancel(self.seq)
+
+
+def _coalesce(events: list[Event]) -> list[Event]:
+    out: list[Event] = []
+    for event in events:
+        if isinstance(event, Delta) and out and isinstance(out[-1], Delta):
+            out[-1] = Delta(out[-1].text + event.text)
+        else:
+            out.append(event)
+    return out
 
 
 class LocalBackend:
@@ -58,6 +98,7 @@ class LocalBackend:
         self.eos, self.chat_eos = frozenset(eos_ids), frozenset(chat_eos_ids)
         self.context = model.cfg.max_seq_len
         self.max_tokens_cap = max_tokens_cap
+        self._mailbox: Mailbox | None = None
         self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
                                   name=f"engine-{ref}")
 
@@ -88,7 +129,10 @@ class LocalBackend:
     async def submit(self, job: Job) -> LocalHandle:
         prompt = self._encode(job)
         max_new = self._max_new(len(prompt), job.sampling.max_tokens, "messages" if job.kind == "chat" else "prompt")
-        handle = LocalHandle(self.engine, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        if self._mailbox is None or self._mailbox.loop is not loop:
+            self._mailbox = Mailbox(loop)
+        handle = LocalHandle(self.engine, self._mailbox)
         eos = self.chat_eos if job.kind == "chat" else self.eos
         handle.seq = self.engine.submit(prompt, max_new, job.sampling, eos, handle.put)
         return handle

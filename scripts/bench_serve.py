@@ -1,0 +1,263 @@
+"""Load test of `meshlm serve` on loopback with the official openai client (bounded in requests and time).
+
+1. Batching: decode tokens/s with 1 stream, then with 16 concurrent streams (same requests), and their ratio.
+2. Operations under load: N clients send a mix of streamed/non-streamed chat and completion requests while an
+   admin thread starts a rollout of v2 (share 0.3), promotes it and rolls it back. Reported: requests/s, p50/p99
+   latency, time to first token (streams), errors, versions served per phase, stickiness of users during the
+   rollout, and audit records vs requests sent (read back after the server stops).
+
+The model is a random-weight checkpoint of ``--flavor`` (speed does not depend on what the weights learned).
+
+    python scripts/bench_serve.py --flavor small --clients 16 --requests 192 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-admin-token-0123456789abcdef"
+
+
+def start_server(work: Path, args: list[str]) -> tuple[subprocess.Popen, str]:
+    port_file = work / "port.json"
+    proc = subprocess.Popen([sys.executable, "-m", "meshlm", "serve", *args, "--port", "0", "--port-file",
+                             str(port_file)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=(work / "server.log").open("w"))
+    deadline = time.monotonic() + 300
+    while not port_file.is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("server did not start:\n" + (work / "server.log").read_text()[-3000:])
+        time.sleep(0.1)
+    return proc, json.loads(port_file.read_text())["url"]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
+
+
+class Load:
+    """Requests sent, with their outcome; thread-safe counters."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.lock, self.sent, self.results = url, threading.Lock(), 0, []
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+    def one(self, client: openai.OpenAI, kind: str, stream: bool, max_tokens: int, user: str, seed: int) -> dict:
+        with self.lock:
+            self.sent += 1
+        t0 = time.perf_counter()
+        out = {"kind": kind, "stream": stream, "user": user, "ttft": None, "tokens": 0, "version": None}
+        try:
+            if kind == "chat":
+                call = dict(model="bench", messages=[{"role": "user", "content": f"Tell story {seed}"}])
+                create = client.chat.completions.create
+            else:
+                call, create = dict(model="bench", prompt=f"Once upon a time {seed}"), client.completions.create
+            call.update(max_tokens=max_tokens, temperature=1.0, seed=seed, user=user)
+            if stream:
+                first = last = None
+                for chunk in create(**call, stream=True, stream_options={"include_usage": True}):
+                    out["version"] = chunk.system_fingerprint
+                    text = (chunk.choices[0].delta.content if kind == "chat" else chunk.choices[0].text) \
+                        if chunk.choices else None
+                    if text:
+                        last = time.perf_counter()
+                        first = first or last
+                    if chunk.usage:
+                        out["tokens"] = chunk.usage.completion_tokens
+                out["ttft"] = None if first is None else first - t0
+                out["decode_s"] = None if first is None else last - first
+            else:
+                response = create(**call)
+                out["version"], out["tokens"] = response.system_fingerprint, response.usage.completion_tokens
+            out["status"] = 200
+        except openai.APIStatusError as exc:
+            out["status"] = exc.status_code
+        except openai.APIConnectionError:
+            out["status"] = -1
+        out["latency"] = time.perf_counter() - t0
+        with self.lock:
+            self.results.append(out)
+        return out
+
+
+def throughput(load: Load, streams: int, requests_per_stream: int, max_tokens: int) -> dict:
+    """Aggregate generated tokens / wall time with ``streams`` concurrent streaming clients."""
+    start = len(load.results)
+
+    def worker(i: int) -> None:
+        client = load.client()
+        for r in range(requests_per_stream):
+            load.one(client, "completion", True, max_tokens, f"tp-{i}", seed=1000 * i + r)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    done = load.results[start:]
+    tokens = sum(r["tokens"] for r in done)
+    return {"streams": streams, "requests": len(done), "tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 1), "ttft_p50_s": percentile([r["ttft"] for r in done if r["ttft"]], .5),
+            "errors": sum(r["status"] != 200 for r in done)}
+
+
+def admin(url: str, path: str, body: dict) -> dict:
+    import urllib.request
+
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())
+
+
+def operations(load: Load, clients: int, total: int, max_tokens: int, deadline: float) -> dict:
+    """``clients`` threads share ``total`` requests while the admin thread walks rollout -> promote -> rollback
+    (after 20%, 50% and 75% of the requests were sent). A request belongs to a phase when it was sent after the
+    admin call that opened the phase returned and finished before the next one began (others span a change)."""
+    start = len(load.results)
+    counter = iter(range(total))
+    lock = threading.Lock()
+    marks: list[tuple[str, float, float]] = [("stable v1", 0.0, 0.0)]  # (phase, call began, call returned)
+
+    def worker(i: int) -> None:
+        client = load.client()
+        while time.monotonic() < deadline:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                return
+            kind, stream = [("chat", True), ("chat", False), ("completion", True), ("completion", False)][n % 4]
+            t_sent = time.perf_counter()
+            result = load.one(client, kind, stream, max_tokens, f"user-{n % 48}", seed=n)
+            result["span"] = (t_sent, time.perf_counter())
+
+    def operator() -> None:
+        steps = [(0.2, "rollout v2 (share 0.3)", "/admin/rollout", {"version": 2, "share": 0.3}),
+                 (0.5, "promoted v2", "/admin/promote", {}), (0.75, "rolled back to v1", "/admin/rollback", {})]
+        for fraction, name, path, body in steps:
+            while load.sent - sent_before < fraction * total and time.monotonic() < deadline:
+                time.sleep(0.01)
+            t0 = time.perf_counter()
+            admin(load.url, path, body)
+            marks.append((name, t0, time.perf_counter()))
+    sent_before = load.sent
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)] + [threading.Thread(target=operator)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    done = load.results[start:]
+    by_phase: dict[str, dict[str, int]] = {}
+    users: dict[str, set] = {}
+    for r in done:
+        phase = "spans a change"
+        for (name, _, opened), (_, closes, _) in zip(marks, [*marks[1:], ("", float("inf"), 0.0)]):
+            if r["span"][0] >= opened and r["span"][1] <= closes:
+                phase = name
+        versions = by_phase.setdefault(phase, {})
+        versions[str(r["version"])] = versions.get(str(r["version"]), 0) + 1
+        if phase.startswith("rollout") and r["version"]:
+            users.setdefault(r["user"], set()).add(r["version"])
+    ok = [r for r in done if r["status"] == 200]
+    on_candidate = [u for u, v in users.items() if v == {"bench:v2"}]
+    return {"clients": clients, "requests": len(done), "wall_s": round(wall, 2),
+            "requests_per_s": round(len(done) / wall, 2), "latency_p50_s": percentile([r["latency"] for r in ok], .5),
+            "latency_p99_s": percentile([r["latency"] for r in ok], .99),
+            "ttft_p50_s": percentile([r["ttft"] for r in ok if r["ttft"]], .5),
+            "ttft_p99_s": percentile([r["ttft"] for r in ok if r["ttft"]], .99),
+            "errors": len(done) - len(ok), "statuses": sorted({r["status"] for r in done}),
+            "versions_by_phase": by_phase,
+            "admin_call_s": {name: round(returned - began, 3) for name, began, returned in marks[1:]},
+            "rollout_users": len(users), "rollout_users_on_candidate": len(on_candidate),
+            "users_switched_during_rollout": sum(len(v) > 1 for v in users.values())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--flavor", default="small")
+    p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--requests", type=int, default=192, help="requests in the operations phase")
+    p.add_argument("--max-tokens", type=int, default=32, help="per request in the operations phase")
+    p.add_argument("--tp-requests", type=int, default=2, help="requests per stream in the batching phase")
+    p.add_argument("--repeats", type=int, default=3, help="1-stream / 16-stream pairs (medians reported)")
+    p.add_argument("--tp-tokens", type=int, default=64, help="max_tokens per request in the batching phase")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="the server's torch CPU threads")
+    p.add_argument("--timeout", type=float, default=900, help="stop sending after this many seconds")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+
+    from meshlm.serve.audit_verify import export, verify
+    from meshlm.serve.fixtures import random_checkpoints
+    from meshlm.serve.registry import Registry
+
+    deadline = time.monotonic() + args.timeout
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    steps = random_checkpoints(work / "run", args.flavor, args.vocab_size)
+    (work / "report.json").write_text(json.dumps({"gates": {"passed": True}}))
+    registry = Registry(work / "reg.sqlite")
+    for step in steps:
+        registry.add_checkpoint(step, "bench", work / "report.json")
+    (work / "token").write_text(TOKEN)
+    proc, url = start_server(work, ["--registry", str(work / "reg.sqlite"), "--model", "bench:v1", "--audit",
+                                    str(work / "audit.sqlite"), "--admin-token-file", str(work / "token"),
+                                    "--max-batch", "16", "--max-queue", "256", "--device", args.device,
+                                    "--threads", str(args.threads)])
+    load = Load(url)
+    report = {"machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in os.getloadavg()]},
+              "flavor": args.flavor, "device": args.device, "server_threads": args.threads}
+    load.one(load.client(), "completion", False, 4, "warmup", 0)  # first-call costs out of the figures
+    pairs = [(throughput(load, 1, args.tp_requests, args.tp_tokens),
+              throughput(load, 16, args.tp_requests, args.tp_tokens)) for _ in range(args.repeats)]
+    single = statistics.median(p[0]["tokens_per_s"] for p in pairs)  # interleaved: a busy machine's drift
+    multi = statistics.median(p[1]["tokens_per_s"] for p in pairs)  # hits both alike
+    report["batching"] = {"one_stream_tokens_per_s": single, "sixteen_streams_tokens_per_s": multi,
+                          "speedup": round(multi / single, 2), "runs": pairs}
+    report["operations"] = operations(load, args.clients, args.requests, args.max_tokens, deadline)
+    report["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    proc.send_signal(signal.SIGTERM)
+    report["server_exit_code"] = proc.wait(120)
+    records = export(work / "audit.sqlite")
+    report["audit"] = {"request_records": sum(r["kind"] == "request" for r in records), "requests_sent": load.sent,
+                       "admin_records": sum(r["kind"] == "admin" for r in records),
+                       "chain_ok": verify(work / "audit.sqlite").ok}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    b, o = report["batching"], report["operations"]
+    print(f"batching (medians of {args.repeats}): 1 stream {b['one_stream_tokens_per_s']} tok/s, 16 streams "
+          f"{b['sixteen_streams_tokens_per_s']} tok/s -> {b['speedup']}x; TTFT p50 1 stream "
+          f"{b['runs'][0][0]['ttft_p50_s']} s, 16 streams {b['runs'][0][1]['ttft_p50_s']} s")
+    print(f"operations: {o['requests']} requests from {o['clients']} clients in {o['wall_s']} s = "
+          f"{o['requests_per_s']} req/s; latency p50 {o['latency_p50_s']} s p99 {o['latency_p99_s']} s; "
+          f"TTFT p50 {o['ttft_p50_s']} s p99 {o['ttft_p99_s']} s; errors {o['errors']}")
+    print(f"versions by phase: {o['versions_by_phase']}; during the rollout {o['rollout_users_on_candidate']} of "
+          f"{o['rollout_users']} users on the candidate, {o['users_switched_during_rollout']} switched")
+    print(f"audit: {report['audit']}; load average {report['machine']}")
+
+
+if __name__ == "__main__":
+    main()
