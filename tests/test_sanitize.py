@@ -37,6 +37,10 @@ PII = [  # (text, raw value that must disappear, placeholder that must appear)
     ("Dear Dr. Obi, the results are in.", "Obi", "<PERSON>"),
     ("I talked to Mateo Rossi about it", "Mateo Rossi", "<PERSON>"),
     ("Kind regards,\nHelga Brandt", "Helga Brandt", "<PERSON>"),
+    ("Applicant: OKAFOR CHINEDU", "OKAFOR CHINEDU", "<PERSON>"),
+    ("approved by J. Kowalski today", "J. Kowalski", "<PERSON>"),
+    ("Nowak, Anna asked for a refund", "Nowak", "<PERSON>"),
+    ("our colleague Bartholomew Quist signed", "Bartholomew Quist", "<PERSON>"),
     ("we moved to 1234 Sunset Boulevard, Los Angeles, CA 90028", "1234 Sunset Boulevard", "<STREET_ADDRESS>"),
     ("drop it at 8 Chestnut Close", "8 Chestnut Close", "<STREET_ADDRESS>"),
     ("wohnt in der Lindenstraße 14", "Lindenstraße 14", "<STREET_ADDRESS>"),
@@ -94,6 +98,13 @@ def test_sanitize_is_idempotent_and_keeps_the_rest():
                     "#88412.")
     assert sanitize(once) == once
     assert sanitize("") == "" and sanitize("nothing here") == "nothing here"
+
+
+def test_every_mention_of_a_found_name_is_masked():
+    text = "Dear Mrs. Ivana Horvat, thanks. Horvat's file and john's note: john said Ivana's claim is fine."
+    assert sanitize(text) == "Dear <PERSON>, thanks. <PERSON>'s file and john's note: john said <PERSON>'s claim is fine."
+    text = "my name is john. john's card and John's phone"
+    assert "john" not in sanitize(text).lower()
 
 
 def test_overlaps_resolve_to_the_specific_type():

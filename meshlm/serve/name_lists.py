@@ -83,6 +83,9 @@ Sunil Sushila Swati Sylvain Tadeusz Taiwo Takumi Tatiana Temitope Teodor Thandiw
 Tomoko Tove Truong Tsubasa Tuomas Ugo Ulla Umar Urszula Vaclav Valentin Vasil Vasile Veronika Vidya Vilma Vinh Vusi
 Wambui Wiktoria Wilhelm Xiadani Ximena Yannick Yara Yasmeen Yeon Yerlan Yousef Yulia Yuri Yusra Zaid Zanele Zawadi
 Zdenek Zeinab Zhiwei Zlatan Zofia Zuzana
+Sam Joe Jim Bob Rob Liz Kate Meg Matt Mike Dave Steve Tony Chris Alex Jess Josh Zach Greg Jeff Jon Phil Rick Ron Ted
+Tim Pam Deb Becky Katie Maggie Jenny Lizzie Nate Ollie Charlie Freddie Alfie Harry Archie Gabe Manny Pepe Paco Lupe
+Nacho Sasha Misha Kolya Vova Dima Tanya Lena Olya
 """.split())
 
 # Ordinary words, places or months too: a person only with a surname after them or a context word before them.

@@ -31,6 +31,7 @@ English French German Spanish Chinese Japanese American British Canadian Indian 
 Microsoft Apple Amazon Github Slack OpenAI Llama Order Invoice Account Ticket Version Release Model Server Error
 Going Trying Working Looking Writing Calling Glad Happy Interested New Here Back Done Fine Good Great Available
 Bank Company Inc Ltd LLC GmbH University College School Hospital Department Office City State County Republic
+Accounts Payable Receivable Sales Billing Marketing Finance Legal Operations Engineering Reception Desk Helpdesk
 """.split())
 _STRONG_CONTEXT = re.compile(
     r"(?:\b(?:my|his|her|their|your|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)\s+(?:full\s+)?"
@@ -69,7 +70,20 @@ def fold(word: str) -> str:
 
 
 def _given(word: str) -> bool:
-    return fold(word) in GIVEN_NAMES or fold(word.capitalize()) in GIVEN_NAMES
+    """A listed given name, in any case, or the first part of a hyphenated one ("Mary-Jane")."""
+    word = fold(word)
+    return word in GIVEN_NAMES or word.capitalize() in GIVEN_NAMES or word.split("-")[0].capitalize() in GIVEN_NAMES
+
+
+def _strip(word: str) -> str:
+    """The name inside a word: "John's" -> "John", "Chris'" -> "Chris"."""
+    return re.sub(r"(?:['’]s)?['’-]*$", "", word)
+
+
+def _initial(words: list[re.Match], j: int) -> bool:
+    """A single capital followed by a dot: the "J." of "J. Smith" or the "A." of "John A. Smith"."""
+    w = words[j]
+    return len(w.group()) == 1 and w.group().isupper() and w.string[w.end():w.end() + 1] == "."
 
 
 def _surname(word: str) -> bool:
@@ -93,12 +107,23 @@ def _name_run(words: list[re.Match], i: int) -> int:
             sep = w_sep(words, j)
             if sep.strip() not in ("", ".") or "\n" in sep or len(sep) > 2:
                 break
-        if _is_cap(w) and w not in _NOT_NAMES:
+        if _initial(words, j):
+            pass  # an initial joins the run but does not end it
+        elif _is_cap(w) and w not in _NOT_NAMES:
             last_cap = j + 1
         elif not (j > i and w.lower() in _PARTICLES):
             break
         j += 1
     return last_cap
+
+
+def _caps_run(words: list[re.Match], i: int) -> int:
+    """Index after a run of up to three all-capital words ("JOHN SMITH") starting at ``i``."""
+    j = i + 1
+    while j < len(words) and j - i < 3 and words[j].group().isupper() and words[j].group().isalpha() \
+            and len(words[j].group()) > 1 and w_sep(words, j) == " ":
+        j += 1
+    return j
 
 
 def w_sep(words: list[re.Match], j: int) -> str:
@@ -113,30 +138,76 @@ def people(text: str) -> Iterator[Span]:
     role = {m.end() for m in _ROLE_CONTEXT.finditer(text)}
     place = {m.end() for m in _PLACE_PREFIX.finditer(text)}
     titles = {m.end(): m.start() for m in _TITLE.finditer(text)}
+    spans: list[Span] = []
     i = 0
     while i < len(words):
         w, pos = words[i].group(), words[i].start()
-        if _is_cap(w) and w not in _NOT_NAMES and len(w) >= 2:
-            end = _name_run(words, i)
+        sure = pos in strong or pos in titles or pos in role
+        if (_is_cap(w) and w not in _NOT_NAMES and len(w) >= 2) or (_initial(words, i) and i + 1 < len(words)):
+            end, lower = _name_run(words, i), False
+        elif w.isupper() and w.isalpha() and len(w) > 1 and (
+                sure or _given(w) and fold(w.capitalize()) not in AMBIGUOUS_GIVEN):
+            end, lower = _caps_run(words, i), False  # "JOHN SMITH" in a form or a shouted message
+            known = _given(w) or _surname(w.capitalize())
+            if (end - i < 2 and not (sure and known)) or not known and not sure:
+                i += 1
+                continue
+            sure = True
         elif w.islower() and _given(w) and w.capitalize() not in AMBIGUOUS_GIVEN:
-            end = i + 1  # "my name is sarah", "im kofi": a known name typed in lower case, after context only
+            end, lower = i + 1, True  # "my name is sarah", "im kofi": a known name typed in lower case
             if end < len(words) and w_sep(words, end) == " " and _surname(words[end].group().capitalize()):
                 end += 1  # "jessica wong"
         else:
             i += 1
             continue
-        run = [m.group().rstrip("'’-") for m in words[i:end]]
-        if pos in place:
-            i = end  # "St. Louis", "San Jose", "Lake Victoria": places named after people
+        run = [_strip(m.group()) for m in words[i:end]]
+        if pos in place or end <= i:
+            i = max(end, i + 1)  # "St. Louis", "San Jose", "Lake Victoria": places named after people
             continue
-        if run and _accept(run, pos in strong or pos in titles, pos in weak, pos in role,
-                           _starts_sentence(text, pos), lower=w.islower()):
-            stop = words[end - 1].end() - (len(words[end - 1].group()) - len(run[-1]))
+        if run and run[-1] and _accept(run, sure, pos in weak, sure, _starts_sentence(text, pos), lower):
+            stop = words[end - 1].start() + len(run[-1])
             # "Dr. Ayesha Siddiqui" is masked whole: a title beside a placeholder still narrows it down.
-            yield titles.get(pos, pos), stop, "PERSON"
+            spans.append((_surname_before(text, titles.get(pos, pos)), stop, "PERSON"))
             i = end
         else:
             i += 1
+    yield from spans
+    yield from _mentions_again(text, words, spans)
+
+
+_LAST_COMMA = re.compile(r"([A-Z][\w'’-]+),\s?$")
+
+
+def _surname_before(text: str, start: int) -> int:
+    """Extend "Smith, John" to the family name written first."""
+    m = _LAST_COMMA.search(text[max(0, start - 32):start])
+    if m and m.group(1) not in _NOT_NAMES and (_surname(m.group(1)) or _SURNAME_SHAPE.match(m.group(1))
+                                                or _SURNAME_ENDING.search(m.group(1))):
+        return start - (len(text[max(0, start - 32):start]) - m.start())
+    return start
+
+
+def _mentions_again(text: str, words: list[re.Match], spans: list[Span]) -> Iterator[Span]:
+    """Other mentions of a name already found ("Priya Raman ... Raman's file", "alex ... alex said"): a word of a
+    found full name, or a listed name, when capitalised again; a listed given name in any case."""
+    found: dict[str, bool] = {}  # folded lower-case word -> may match in lower case too
+    for s, e, _ in spans:
+        parts = [_strip(m.group()) for m in _WORD.finditer(text, s, e)]
+        parts = [p for p in parts if len(p) >= 3 and p not in _NOT_NAMES and p.lower() not in _PARTICLES
+                 and fold(p.capitalize()) not in AMBIGUOUS_GIVEN]
+        for p in parts:
+            listed = _given(p) or _surname(p.capitalize())
+            if listed or len(parts) > 1:
+                found[fold(p).lower()] = _given(p)
+    if not found:
+        return
+    for m in words:
+        name = _strip(m.group())
+        any_case = found.get(fold(name).lower())
+        if any_case is None or not (any_case or name[:1].isupper()):
+            continue
+        if not any(s <= m.start() < e for s, e, _ in spans):
+            yield m.start(), m.start() + len(name), "PERSON"
 
 
 def _starts_sentence(text: str, pos: int) -> bool:
@@ -155,6 +226,8 @@ def _accept(run: list[str], strong: bool, weak: bool, role: bool, sentence_start
     ambiguous = fold(first) in AMBIGUOUS_GIVEN
     known_last = len(run) > 1 and (_surname(last) or bool(_SURNAME_SHAPE.match(last))
                                    or bool(_SURNAME_ENDING.search(last)) and len(last) > 4)
+    if len(first) == 1:
+        return known_last  # "J. Smith"
     if len(run) > 1 and (_given(first) or known_last):
         return not (sentence_start and ambiguous and not known_last and not weak)
     if (_given(first) and not ambiguous) or _SURNAME_SHAPE.match(first):
