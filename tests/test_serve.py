@@ -198,6 +198,14 @@ def test_prompt_too_long_for_completions(stack):
     assert r.status_code == 404 and "error" in r.json()
 
 
+def test_client_that_leaves_mid_stream_is_audited(stack):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "max_tokens": 60, "stream": True,
+            "user": "leaver"}
+    with stack.http.stream("POST", stack.main.url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and next(r.iter_lines()).startswith("data: ")
+    # the audit test below finds exactly one record for it (status 200 or 499, whichever came first)
+
+
 def test_admin_requires_the_token(stack):
     for token in (None, "wrong-token-wrong-token-wrong"):
         r = stack.admin("GET", "/admin/status", token=token)
@@ -303,6 +311,8 @@ def test_one_sanitized_audit_record_per_request(stack):
     admin = [r for r in records if r["kind"] == "admin" and r["action"] != "serve"]
     assert len(requests) == stack.counts["request"] and len(admin) == stack.counts["admin"]
     assert len({r["request_id"] for r in requests}) == len(requests)
+    left = [r for r in requests if r["user_hash"] and r["prompt"] == [{"role": "user", "content": "go"}]]
+    assert len(left) == 1 and left[0]["status"] in (200, 499)
     assert {r["status"] for r in requests} >= {200, 400, 404}
     forced = [r for r in admin if r.get("forced")]
     assert forced and all(r["gate_status"] == "no report" and r["version"] == "tiny:v2" for r in forced)

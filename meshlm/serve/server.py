@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,7 @@ class Exchange:
     finished: Finished | None = None
     status: int = 200
     error: str | None = None
+    audited: bool = False
 
     def record(self) -> dict[str, Any]:
         fin = self.finished
@@ -144,8 +145,9 @@ class Server:
             return error_response(error)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            return StreamingResponse(self._sse(ex, handle, include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": ex.request_id})
+            return AuditedStream(self._sse(ex, handle, include_usage), self._closer(ex, handle),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Request-Id": ex.request_id})
         try:
             async for event in handle.events():
                 self._note(ex, event)
@@ -194,7 +196,21 @@ class Server:
         finally:
             await self._finish(ex)
 
+    def _closer(self, ex: Exchange, handle: Handle):
+        """For AuditedStream: the record of a stream whose generator never ran (client gone before the start)."""
+        async def close() -> None:
+            if not ex.audited:
+                handle.cancel()
+                if ex.finished is None and ex.error is None:
+                    ex.fail(ApiError(499, "the client closed the connection"))
+                await self._finish(ex)
+        return close
+
     async def _finish(self, ex: Exchange) -> None:
+        """Write the exchange's one audit record (idempotent) and its log line."""
+        if ex.audited:
+            return
+        ex.audited = True
         try:
             await self.write(ex.record())
         except Exception as exc:  # the log is unavailable: say so loudly; the response still reports its status
@@ -225,6 +241,23 @@ class Server:
         choice.update({"delta": delta} if ex.kind == "chat" else {"text": delta})
         body["choices"] = [choice]
         return body
+
+
+class AuditedStream(StreamingResponse):
+    """A streaming response that runs ``on_close`` however the response ends: Starlette may never start the body
+    iterator (the client left first), and then the iterator's own clean-up, which writes the audit record, never
+    runs."""
+
+    def __init__(self, content, on_close: Callable[[], Awaitable[None]], **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()
 
 
 def _usage(fin: Finished) -> dict[str, int]:
