@@ -246,9 +246,12 @@ _STREET_TYPES = (r"Street|St|Avenue|Ave|Av|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|
                  r"Junction|Knoll|Landing|Pass|Spur|Summit|Township|Village|Villas?|Wynd|Yard")
 _DIRECTION = r"(?:N|S|E|W|NE|NW|SE|SW|North|South|East|West)\.?"
 _UNIT = r"(?i:,?\s*(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl|Room|Rm|Bldg|Building|#)\.?\s*#?[\w-]{1,6})"
-_CITY_TAIL = (r"(?:,\s*[A-Z][a-z][A-Za-z.'-]{0,30}(?:\s+[A-Z][a-z][A-Za-z.'-]{0,30}){0,2})?"  # , Springfield
-              r"(?:,?\s*(?:[A-Z]{1,2}\d[A-Z\d]?\s*\d[A-Z]{2}\b|[A-Z]\d[A-Z]\s?\d[A-Z]\d\b)"  # NW1 6XE, K1A 0B1
-              r"|(?:,?\s*[A-Z]{2,3}(?=[\s,]|$))?(?:,?\s*\d{4,5}(?:-\d{4})?\b)?)")  # , IL 62704; NSW 2000
+_POSTCODE = r"(?:[A-Z]{1,2}\d[A-Z\d]?\s*\d[A-Z]{2}|[A-Z]\d[A-Z]\s?\d[A-Z]\d|\d{5}(?:-\d{4})?|\d{4})\b"
+_CITY = r"[A-Z][a-z][A-Za-z.'-]{0,30}(?:\s+[A-Z][a-z][A-Za-z.'-]{0,30}){0,2}"
+# Alternatives in order (the first that matches wins, and the last may match nothing):
+_CITY_TAIL = (rf"(?:\s+{_CITY}\s+[A-Z]{{2}}\s+\d{{5}}(?:-\d{{4}})?\b"  # Washington DC 20016, no commas
+              rf"|,?\s*\d{{4,5}}\s+[A-Z][\w-]{{1,30}}"  # , 75008 Paris
+              rf"|(?:,\s*{_CITY})?(?:,?\s*[A-Z]{{2,3}}(?=[\s,]|$))?(?:,?\s*{_POSTCODE})?)")  # , Toronto, ON M5V 2T6
 _STREET_NAME_WORD = r"(?:[A-Z][\w'’.-]{0,30}|\d{1,3}(?:st|nd|rd|th)|[a-z][\w'’-]{1,30})"
 _HOUSE_NUMBER = r"(?:\d{1,6}[A-Za-z]?(?:[-/]\d{1,5})?|One|Two|Three|Four|Five|Six|Seven|Eight|Nine|Ten)"
 _UNIT_FIRST = r"(?:(?i:Flat|Apt\.?|Apartment|Unit|Suite|Ste\.?|Room|Floor)\s*#?\w{1,5},?\s+)?"
@@ -262,11 +265,14 @@ _CONTINENTAL = re.compile(
     r"(?:,?\s*\d{4,5}\s+[A-ZÄÖÜ][\w-]{1,30})?"  # , 10115 Berlin
     r"|\b(?:Rue|Avenue|Boulevard|Bd|Place|Chemin|Allée|Impasse|Quai|Via|Viale|Piazza|Corso|Largo|Calle|Avenida|"
     r"Av\.|Paseo|Plaza|Rua|Travessa|Carrer|Ulica|ul\.)\s+(?:(?:de|del|della|di|da|do|dos|das|la|le|les|des|du|"
-    r"d'|l')\s*)?(?:[A-ZÀ-Ý][\w'’.-]{0,30}\s*){1,3},?\s+\d{1,5}[a-z]?\b"
+    r"d'|l')\s*){0,2}(?:[A-ZÀ-Ý][\w'’.-]{0,30}\s*){1,3},?\s+\d{1,5}[a-z]?\b"
+    r"(?:,?\s*\d{4,5}\s+[A-ZÀ-Ý][\w-]{1,30})?"
     r"|\b\d{1,5}(?:\s?(?:bis|ter))?,?\s+(?i:rue|avenue|boulevard|bd|place|chemin|allée|impasse|quai|cours|route)\s+"
-    r"(?:(?:de\s+la|de|du|des|d'|l')\s*)?[A-ZÀ-Ý][\w'’-]{0,30}(?:\s+[A-ZÀ-Ý][\w'’-]{0,30}){0,3}")
+    r"(?:(?:de\s+la|de|du|des|d'|l')\s*)?[A-ZÀ-Ý][\w'’-]{0,30}(?:\s+[A-ZÀ-Ý][\w'’-]{0,30}){0,3}"
+    r"(?:,?\s*\d{4,5}\s+[A-ZÀ-Ý][\w-]{1,30})?")
 _BROADWAY = re.compile(rf"\b\d{{1,6}}\s+Broadway\b{_UNIT}?{_CITY_TAIL}")  # a street type that is a name alone
-_PO_BOX = re.compile(r"\bP\.?\s?O\.?\s*Box\s+\d{1,8}\b|\bPost\s+Office\s+Box\s+\d{1,8}\b", re.I)
+_PO_BOX = re.compile(r"\b(?:P\.?\s?O\.?\s*Box|Post\s+Office\s+Box|Postfach|Bo[iî]te\s+postale|Apartado(?:\s+de\s+"
+                     r"correos)?|Casilla|Caixa\s+postal)\s+\d{1,8}(?:\s\d{2}){0,2}\b", re.I)
 _NOT_STREET_WORDS = frozenset("the a an to of my our your his her their this that on in at for and or down up "
                               "more less than about around across along into over per each every as is was are be "
                               "by with from it its we you they he she i me us them than then so if".split())
