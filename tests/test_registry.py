@@ -56,17 +56,27 @@ def test_versions_hashes_gates(checkpoints, tmp_path):
         reg.get("tiny:v9")
     with pytest.raises(RegistryError, match="NAME:vN"):
         reg.get("tiny")
+    evaluated = {"source": str(step1), "gates": [{"gate": "refusal_rate>=0.9", "passed": True, "value": 0.95},
+                                                 {"gate": "false_refusal_rate<=0.1", "passed": False}], "passed": False}
+    (tmp_path / "eval.json").write_text(json.dumps(evaluated))  # `meshlm eval safety --gate ...` report.json
+    assert not reg.add_checkpoint(step1, "tiny", tmp_path / "eval.json").servable
+    evaluated["gates"][1]["passed"] = evaluated["passed"] = True
+    (tmp_path / "eval.json").write_text(json.dumps(evaluated))
+    passing = reg.add_checkpoint(step1, "tiny", tmp_path / "eval.json")
+    assert passing.servable and passing.report["source"] == str(step1)
+    (tmp_path / "eval.json").write_text(json.dumps({"gates": [], "passed": True}))  # no gate asked for
+    assert reg.add_checkpoint(step1, "tiny", tmp_path / "eval.json").gate_status == "failed"
     (tmp_path / "nogates.json").write_text('{"summary": {}}')
     with pytest.raises(ConfigError, match="gates"):
         reg.add_checkpoint(step1, "tiny", tmp_path / "nogates.json")
     with pytest.raises(ConfigError, match="--name"):
         reg.add_checkpoint(step1, "bad:name")
     remote = reg.add_endpoint("http://127.0.0.1:9/v1/", "tiny", "upstream-model")
-    assert (remote.ref, remote.kind, remote.source, remote.remote_model) == ("tiny:v4", "endpoint",
+    assert (remote.ref, remote.kind, remote.source, remote.remote_model) == ("tiny:v7", "endpoint",
                                                                              "http://127.0.0.1:9/v1", "upstream-model")
     with pytest.raises(ConfigError, match="http"):
         reg.add_endpoint("ftp://x", "tiny")
-    assert [v.ref for v in Registry(tmp_path / "reg.sqlite").versions("tiny")][-1] == "tiny:v4"  # persisted
+    assert [v.ref for v in Registry(tmp_path / "reg.sqlite").versions("tiny")][-1] == "tiny:v7"  # persisted
 
 
 def test_changed_files_are_refused_at_load(checkpoints, tmp_path):

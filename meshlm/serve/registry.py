@@ -110,7 +110,10 @@ def _now() -> str:
 
 
 def read_report(path: str | Path) -> dict[str, Any]:
-    """The part of a ``meshlm eval safety`` report.json the registry keeps: path, sha256 and the gates section."""
+    """What the registry keeps of a safety report: path, sha256, the model it evaluated, the gates, and whether
+    they passed. Accepts the report.json of ``meshlm eval safety`` (``"gates": [{"gate", "passed", ...}]`` and a
+    top-level ``"passed"``) and the short form ``{"gates": {"passed": bool, ...}}``. A report without any gate
+    has not passed: nothing was required of the model."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -120,10 +123,15 @@ def read_report(path: str | Path) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"--report {path}: not valid JSON ({exc})") from None
     gates = report.get("gates") if isinstance(report, dict) else None
-    if not isinstance(gates, dict) or not isinstance(gates.get("passed"), bool):
-        raise ConfigError(f"--report {path}: no gates section with a boolean 'passed' (expected the report.json "
-                          "of `meshlm eval safety`)")
-    return {"path": str(path.resolve()), "sha256": hashlib.sha256(raw).hexdigest(), "gates": gates}
+    if isinstance(gates, dict) and isinstance(gates.get("passed"), bool):
+        passed = gates["passed"]
+    elif isinstance(gates, list) and all(isinstance(g, dict) and isinstance(g.get("passed"), bool) for g in gates):
+        passed = bool(gates) and all(g["passed"] for g in gates) and report.get("passed", True) is True
+    else:
+        raise ConfigError(f"--report {path}: no gates section with 'passed' values (expected the report.json of "
+                          "`meshlm eval safety --gate ...`)")
+    return {"path": str(path.resolve()), "sha256": hashlib.sha256(raw).hexdigest(), "source": report.get("source"),
+            "gates": gates, "passed": passed}
 
 
 class Registry:
@@ -174,7 +182,7 @@ class Registry:
     def _insert(self, name: str, kind: str, source: str, remote_model: str | None, weights: str | None,
                 files: dict[str, str], config: dict, report_path: str | Path | None) -> ModelVersion:
         report = read_report(report_path) if report_path is not None else None
-        gates = None if report is None else report["gates"]["passed"]
+        gates = None if report is None else report["passed"]
         digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else None
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")  # the version number and the row in one write transaction
