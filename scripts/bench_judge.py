@@ -77,7 +77,8 @@ def main() -> None:
         trained = TrainedJudge.train(read_labelled(args.train_on), steps=args.train_steps)
         print(f"trained judge on {args.train_on} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         judges.append((f"trained({args.train_on.name})", trained))
-    datasets = args.data or [DATA / "judge_testset.jsonl", DATA / "judge_holdout.jsonl"]
+    datasets = args.data or [DATA / name for name in ("judge_testset.jsonl", "judge_holdout.jsonl",
+                                                      "judge_holdout2.jsonl")]
     report = {}
     for spec, judge in judges:
         for path in datasets:
