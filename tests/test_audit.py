@@ -86,6 +86,25 @@ def test_bad_records_are_refused_before_anything_is_written(tmp_path):
         assert log.head()["seq"] == 0
 
 
+def test_foreign_or_broken_files_are_refused_untouched(tmp_path):
+    other = tmp_path / "registry.sqlite"
+    conn = sqlite3.connect(str(other))
+    conn.execute("CREATE TABLE versions (name TEXT)")
+    conn.commit()
+    conn.close()
+    before = other.read_bytes()
+    with pytest.raises(AuditLogError, match="not a meshlm audit log"):
+        AuditLog(other)
+    assert other.read_bytes() == before
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database " * 200)
+    with pytest.raises(AuditLogError, match="not a meshlm audit database"):
+        AuditLog(junk)
+    fresh = tmp_path / "fresh.db"
+    AuditLog(fresh).close()
+    assert fresh.stat().st_mode & 0o077 == 0  # owner-only
+
+
 def test_database_file_holds_no_raw_pii(tmp_path):
     path = tmp_path / "a.db"
     log = AuditLog(path)

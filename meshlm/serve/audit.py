@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from meshlm.errors import UserError
 from meshlm.serve.sanitize import sanitize
 
 GENESIS_HASH = "0" * 64
@@ -108,15 +110,36 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+class AuditLogError(UserError):
+    """A missing, unreadable or foreign audit database."""
+
+
 def connect(path: str | Path, *, create: bool) -> sqlite3.Connection:
-    """A connection in autocommit mode (we open our own transactions), WAL, full fsync on commit."""
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA busy_timeout = 30000")
-    if create:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.executescript(_SCHEMA)
-        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (str(FORMAT_VERSION),))
-    conn.execute("PRAGMA synchronous = FULL")
+    """A connection in autocommit mode (we open our own transactions), WAL, full fsync on commit. ``create``
+    makes the tables in a new or empty file, owner-only (0600); a database that holds other tables (the
+    registry given by mistake) or is not SQLite at all is refused, untouched."""
+    path = Path(path)
+    new = not path.exists() or path.stat().st_size == 0
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and not {"records", "meta"} <= tables:
+            conn.close()
+            raise AuditLogError(f"{path} is an SQLite database but not a meshlm audit log (tables: "
+                                f"{', '.join(sorted(tables))}); give --audit a new file")
+        if create:
+            if new:
+                os.chmod(path, 0o600)  # sanitized, but still prompts and user hashes: not for other accounts
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (str(FORMAT_VERSION),))
+        conn.execute("PRAGMA synchronous = FULL")
+    except sqlite3.OperationalError as exc:
+        raise AuditLogError(f"cannot open the audit database {path} ({exc}); check that its folder exists and "
+                            "is writable") from None
+    except sqlite3.DatabaseError as exc:
+        raise AuditLogError(f"{path} is not a meshlm audit database ({exc})") from None
     return conn
 
 

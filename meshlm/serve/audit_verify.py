@@ -13,12 +13,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshlm.errors import UserError
-from meshlm.serve.audit import GENESIS_HASH, chain_hash, connect, normalize_time
-
-
-class AuditLogError(UserError):
-    """A missing or unreadable audit database."""
+from meshlm.serve.audit import GENESIS_HASH, AuditLogError, chain_hash, connect, normalize_time
 
 
 @dataclass
@@ -53,11 +48,12 @@ def open_existing(path: str | Path) -> sqlite3.Connection:
     path = Path(path)
     if not path.is_file():
         raise AuditLogError(f"audit database {path} does not exist; pass the file given to `meshlm serve --audit`")
+    conn = connect(path, create=False)
     try:
-        conn = connect(path, create=False)
         conn.execute("SELECT seq, time, kind, body, prev_hash, hash FROM records LIMIT 1").fetchall()
         return conn
     except sqlite3.DatabaseError as exc:
+        conn.close()
         raise AuditLogError(f"{path} is not a meshlm audit database ({exc})") from None
 
 
