@@ -35,7 +35,8 @@ Accounts Payable Receivable Sales Billing Marketing Finance Legal Operations Eng
 """.split())
 _STRONG_CONTEXT = re.compile(
     r"(?:\b(?:my|his|her|their|your|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)\s+(?:full\s+)?"
-    r"name\s+(?:is|was)|\bname\s*[:=]|\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|"
+    r"name\s+(?:is|was)|\b(?:(?:first|last|full|given|family|sur|middle|maiden|customer|patient|user|contact|"
+    r"display|holder|owner|employee|client|sender|recipient)[_ -]?)?name[\"']?\s*[:=]\s*[\"']?|\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|"
     r"\bpatient:?|\bemployee:?|\bapplicant:?|\bsincerely,?|\bregards,?|\bcheers,?|\bthanks,?|\bbest,?|"
     r"\bwishes,?|\bfaithfully,?|\btruly,?|\bbeneficiary:?|\bcardholder:?|\baccount\s+holder:?|\bundersigned,?|"
     r"\bje\s+m'appelle|\bmon\s+nom\s+est|\bme\s+llamo|\bmi\s+nombre\s+es|\bmi\s+chiamo|\bmein\s+Name\s+ist|"
