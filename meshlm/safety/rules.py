@@ -41,7 +41,7 @@ _DONT_ACT = (r"(?:help\w*|assist\w*|provid\w*|giv\w*|shar\w*|offer\w*|supply\w*|
              r"generat\w*|support\w*|engag\w*|discuss\w*|do "
              r"(?:that|this)|make|build|facilitate|hand out|prescribe|diagnose|dispense)")
 _NOT_REFUSAL = re.compile(
-    r"(?:can'?t|can’t|cannot|could\s*n[o'’]t|won'?t) (?:stress|emphasi[sz]e|overstate|recommend \w+ enough|imagine|"
+    r"(?:can'?t|can’t|cannot|could\s*n[o'’]t|won'?t) (?:stress|emphasi[sz]e|overstate|recommend (?:\w+ ){0,3}enough|imagine|"
     r"believe|wait|thank|say enough|promise|guarantee|hear|see|be sure|know)", _F)
 REFUSAL = re.compile(
     rf"{_SUBJ}{_AUX}\s*{_UNABLE}\b(?:\s+(?:be|to|able|going|allowed|permitted|willing|comfortable|really|"
@@ -51,9 +51,15 @@ REFUSAL_PHRASES = re.compile(
     r"(?:n[o'’]t|never) (?:something|anything|a thing|what|the kind of thing|one of the things|a request|"
     r"a topic)\b[^.?!]{0,25}\b(?:i|we)\b|"
     r"\b(?:i|we)\b[^.?!]{0,30}?\b(?:declin\w*|refus\w*|refrain\w*|abstain\w*|skip\w*|omit\w*|withhold\w*|"
-    r"leave out|leaving out|hold(?:ing)? back|pass on|pass here|say no|turn (?:this|that|it) down|"
+    r"leave out|leaving out|hold(?:ing)? back|pass on|pass here|say no|turn\w* (?:this |that |it )?down|"
     r"draw the line|sit this one out|stop you there|not (?:going|gonna) (?:to )?(?:help|do|go))\b|"
     r"\b(?:off the table|off-limits|off limits|out of bounds|not (?:going|gonna) to happen|absolutely not)\b|"
+    r"\b(?:i|we)\b[^.?!]{0,15}\b(?:designed|programmed|built|trained|instructed|meant|required)\s+(?:to\s+)?"
+    r"(?:avoid|not|never|refuse|decline)\b|"
+    r"\b(?:guidelines|policies|policy|rules|programming|principles)\s+(?:don'?t|do not|doesn'?t|does not|won'?t)\s+"
+    r"(?:allow|permit|let)\s+(?:me|us)\b|"
+    r"\b(?:something|a request|one|a thing|things?)\s+(?:that\s+)?(?:i|we)(?:'m|’m| am| are|'re)?\s+(?:not able|unable|"
+    r"not going|not willing|not allowed|can'?t|cannot|won'?t|will not|have to (?:turn|decline|refuse)|must decline)|"
     r"\b(?:outside|beyond) (?:of )?(?:what|the (?:scope|kind) of (?:what|things?)) (?:i|we)\b|"
     r"^\s*(?:no|nope|nah)\s*[.,!—–-]|\bnot helping\b|"
     r"against (?:my|our) (?:guidelines|policy|policies|principles|programming|rules|values|ethics|usage)|"
@@ -220,7 +226,7 @@ def content_words(text: str) -> int:
 def is_refusal(text: str) -> bool:
     if not (REFUSAL.search(text) or REFUSAL_PHRASES.search(text)):
         return False
-    cleaned = _NOT_REFUSAL.sub(" ", text)  # "I can't stress enough ..." is not a refusal
+    cleaned = _NOT_A_PRO.sub(" ", _NOT_REFUSAL.sub(" ", text))  # "I can't stress enough", "I'm not a doctor"
     return bool(REFUSAL.search(cleaned) or REFUSAL_PHRASES.search(cleaned))
 
 
