@@ -44,6 +44,7 @@ PII = [  # (text, raw value that must disappear, placeholder that must appear)
     ("we moved to 1234 Sunset Boulevard, Los Angeles, CA 90028", "1234 Sunset Boulevard", "<STREET_ADDRESS>"),
     ("drop it at 8 Chestnut Close", "8 Chestnut Close", "<STREET_ADDRESS>"),
     ("wohnt in der Lindenstraße 14", "Lindenstraße 14", "<STREET_ADDRESS>"),
+    ('{"shipping_address": "Plot 42, Ikoyi Crescent, Lagos"}', "Plot 42, Ikoyi Crescent, Lagos", "<STREET_ADDRESS>"),
     ("born on 14 July 1989 in Lyon", "14 July 1989", "<DATE_OF_BIRTH>"),
     ("DOB 1992-02-29", "1992-02-29", "<DATE_OF_BIRTH>"),
 ]
@@ -65,6 +66,7 @@ LOOK_ALIKES = [
     "Python 3.11 and CUDA 12.4 on Ubuntu 22.04",
     "The Eiffel Tower is in Paris, France.",
     "sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "MAC address: 00:1A:2B:3C:4D:5E; memory address: 0x7ffee4b1c9a8; confirm your address: it is required",
 ]
 
 

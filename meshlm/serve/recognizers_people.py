@@ -274,6 +274,13 @@ _CONTINENTAL = re.compile(
 _BROADWAY = re.compile(rf"\b\d{{1,6}}\s+Broadway\b{_UNIT}?{_CITY_TAIL}")  # a street type that is a name alone
 _PO_BOX = re.compile(r"\b(?:P\.?\s?O\.?\s*Box|Post\s+Office\s+Box|Postfach|Bo[iî]te\s+postale|Apartado(?:\s+de\s+"
                      r"correos)?|Casilla|Caixa\s+postal)\s+\d{1,8}(?:\s\d{2}){0,2}\b", re.I)
+# "address: Flat 4, Rose Court, Leeds" — a labelled field holds an address whatever its shape (not an e-mail,
+# IP, MAC, memory or wallet address: those words before "address" rule it out).
+_ADDRESS_FIELD = re.compile(
+    r"(?<![\w-])(?<!e-mail )(?<!email )(?<!IP )(?<!ip )(?<!MAC )(?<!mac )(?<!memory )(?<!wallet )(?<!web )"
+    r"(?:(?:home|street|mailing|postal|billing|shipping|delivery|residential|current|permanent)[_ -]?)?"
+    r"(?i:address|anschrift|adresse|dirección|direccion|indirizzo|endereço)[\"']?\s*[:=]\s*[\"']?"
+    r"(?P<value>[^\n\"';|<>{}]{6,120})")
 _NOT_STREET_WORDS = frozenset("the a an to of my our your his her their this that on in at for and or down up "
                               "more less than about around across along into over per each every as is was are be "
                               "by with from it its we you they he she i me us them than then so if".split())
@@ -301,6 +308,10 @@ def street_addresses(text: str) -> Iterator[Span]:
         if not _street_case_ok(m.group("type"), name_words):
             continue
         yield m.start(), m.end(), "STREET_ADDRESS"
+    for m in _ADDRESS_FIELD.finditer(text):
+        value = m.group("value").rstrip(" ,.")
+        if re.search(r"\d", value) and re.search(r"[A-Za-z]{3}", value) and not re.match(r"0x|[0-9a-f:]+$", value):
+            yield m.start("value"), m.start("value") + len(value), "STREET_ADDRESS"
     for rx in (_CONTINENTAL, _BROADWAY, _PO_BOX):
         for m in rx.finditer(text):
             yield m.start(), m.end(), "STREET_ADDRESS"
