@@ -68,8 +68,8 @@ def test_every_category_policy_and_label_is_covered(data):
     assert all(r["policy"] == spec.policy_of(r["category"]) for r in sft)
     assert {r["family"] for r in sft} == {"direct", *FAMILIES}
     pref = Counter((r["chosen_label"], r["rejected_label"]) for r in rows(data / "a" / "preference.jsonl"))
-    assert set(pref) == {("refuse", "answer"), ("warn", "refuse"), ("warn", "answer"), ("answer", "refuse"),
-                         ("answer", "warn")}
+    assert set(pref) == {("refuse", "answer"), ("refuse", "warn"), ("warn", "refuse"), ("warn", "answer"),
+                         ("answer", "refuse"), ("answer", "warn")}
     labelled = rows(data / "a" / "labelled_responses.jsonl")
     assert Counter(r["label"] for r in labelled).keys() == {"refuse", "warn", "answer"}
     evals = rows(data / "a" / "eval_prompts.jsonl")

@@ -44,8 +44,8 @@ class ModelSection:
 @dataclass
 class BaseSection:
     checkpoint: str = option("", "Start from this checkpoint (run directory or step folder) instead of pretraining.")
-    steps: int = option(150, "Pretraining steps on the embedded corpus when base.checkpoint is empty.")
-    batch_size: int = option(16, "Pretraining batch (sequences).")
+    steps: int = option(100, "Pretraining steps on the embedded corpus when base.checkpoint is empty.")
+    batch_size: int = option(8, "Pretraining batch (sequences).")
     lr: float = option(3e-3, "Pretraining peak learning rate.")
 
 
@@ -62,7 +62,7 @@ class DPOSection:
     enabled: bool = option(True, "Run preference optimisation after SFT.")
     steps: int = option(80, "DPO optimizer steps.")
     batch_size: int = option(8, "Preference pairs per step.")
-    lr: float = option(5e-4, "Peak learning rate.")
+    lr: float = option(2e-4, "Peak learning rate.")
     beta: float = option(0.1, "DPO beta.")
     loss_type: str = option("sigmoid", "objective.loss_type of the DPO run.",
                             choices=("sigmoid", "ipo", "hinge", "simpo", "orpo"))

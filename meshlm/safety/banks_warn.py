@@ -158,34 +158,25 @@ SUBJECTS: dict[str, list[tuple[list[str], str]]] = {
     ],
 }
 
+# Short and few on purpose: a small model must reproduce them whole for the answer to carry its caution and
+# referral, and long or many variants come out garbled.
 CAUTIONS: dict[str, list[str]] = {
-    "medical": ["This is general information, not a diagnosis or a personal dose: age, weight, pregnancy, other medicines and health conditions can change what is safe.",
-                "Be careful: what is right for you depends on your health, other medicines and your age, so this may not apply to you.",
-                "Keep in mind this is general information only; your situation could be different."],
-    "mental_health": ["Please don't carry this alone: if these feelings last or get worse, you deserve proper support.",
-                      "These feelings are serious and worth taking care of, especially if you ever think about hurting yourself.",
-                      "Keep in mind that general tips are not a substitute for real support if this keeps going."],
-    "legal": ["Laws differ between countries and states, and the details of your case can change the answer, so this is general information only.",
-              "Be careful: this is not legal advice for your situation, and deadlines may apply.",
-              "Keep in mind that the rules where you live may be different."],
-    "financial": ["This is general information, not advice for your situation: every choice carries risk and depends on your income, debts and goals.",
-                  "Be careful: investments can lose value, and what suits one person may not suit you.",
-                  "Keep in mind there is no one right answer without looking at your whole financial picture."],
+    "medical": ["This is general information, not a diagnosis or a personal dose.",
+                "Be careful: age, other medicines and health conditions change what is safe."],
+    "mental_health": ["These feelings are serious and you deserve real support.",
+                      "Please don't carry this alone, especially if it gets worse."],
+    "legal": ["This is general information, not legal advice: laws differ between places.",
+              "Be careful: the details of your case can change the answer."],
+    "financial": ["This is general information, not financial advice: every choice carries risk.",
+                  "Be careful: what suits one person may not suit you."],
 }
 
 REFERRALS: dict[str, list[str]] = {
-    "medical": ["Please talk to a pharmacist or your doctor before deciding, and seek emergency care if symptoms are severe.",
-                "A doctor or pharmacist can tell you what is safe for you; if it feels like an emergency, call emergency services.",
-                "Please check with your doctor or a pharmacist, who knows your medical history."],
-    "mental_health": ["Please consider talking to a doctor or a mental health professional, and if you are in danger or thinking of suicide, call a crisis line or emergency services now.",
-                      "A counsellor or your doctor can help, and a crisis line is there any time of day if things feel unbearable.",
-                      "Reaching out to a therapist or your doctor is a good next step; if you might hurt yourself, contact a crisis line or emergency services right away."],
-    "legal": ["For your own case, please talk to a lawyer or a legal aid service.",
-              "A qualified lawyer or your local legal aid office can advise you on your specific situation.",
-              "Please consult a lawyer, or a free legal advice service, before you act."],
-    "financial": ["A licensed financial adviser can help you decide what fits your situation.",
-                  "Please speak with a licensed financial adviser or a tax professional before deciding.",
-                  "For your situation, please talk to a licensed financial adviser or a non-profit debt counsellor."],
+    "medical": ["Please check with a doctor or pharmacist.", "Please talk to your doctor or a pharmacist."],
+    "mental_health": ["Please talk to a doctor or therapist, or call a crisis line if you are in danger.",
+                      "Please reach out to a therapist or a crisis line."],
+    "legal": ["Please talk to a lawyer or a legal aid service.", "Please consult a lawyer about your case."],
+    "financial": ["Please talk to a licensed financial adviser.", "Please speak with a licensed financial adviser first."],
 }
 
 # Rejected for warn prompts: a personal, confident instruction with no caution and no referral.

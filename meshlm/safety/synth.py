@@ -190,8 +190,24 @@ def synthesize(spec: Spec, seed: int, sizes: SynthSizes = SynthSizes(),
         share = sizes.attack_fraction_refuse if cat.policy == "refuse" else sizes.attack_fraction_answer
         if cat.policy != "warn":
             examples += _attacks(base, share, crng)
+    _add_cross_policy_rejections(examples, rng)
     rng.shuffle(examples)
     return examples
+
+
+def _add_cross_policy_rejections(examples: list[Example], rng: random.Random) -> None:
+    """Give every example one more rejected response: the chosen response of an example of another policy (a
+    refusal for an answer prompt, an answer or a warn-answer for a harmful one). These are the mistakes a
+    fine-tuned model actually makes — mixing up the styles — unlike hand-written compliance, which it never
+    produces; without them DPO mostly learns to push refusals down (seen: refusal rate 0.76 -> 0.27)."""
+    by_policy: dict[str, list[Example]] = {}
+    for ex in examples:
+        by_policy.setdefault(ex.policy, []).append(ex)
+    for ex in examples:
+        others = [p for p in sorted(by_policy) if p != ex.policy]
+        if others:
+            other = rng.choice(by_policy[rng.choice(others)])
+            ex.rejected = [*ex.rejected, (other.response, other.policy)]
 
 
 def _answer_material(name: str, rng: random.Random, sizes: SynthSizes,
