@@ -32,11 +32,13 @@ Microsoft Apple Amazon Github Slack OpenAI Llama Order Invoice Account Ticket Ve
 Going Trying Working Looking Writing Calling Glad Happy Interested New Here Back Done Fine Good Great Available
 Bank Company Inc Ltd LLC GmbH University College School Hospital Department Office City State County Republic
 Accounts Payable Receivable Sales Billing Marketing Finance Legal Operations Engineering Reception Desk Helpdesk
+To Of In On At For From By With As Is Do Does Did List
 """.split())
 _STRONG_CONTEXT = re.compile(
     r"(?:\b(?:my|his|her|their|your|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)\s+(?:full\s+)?"
     r"name\s+(?:is|was)|\b(?:(?:first|last|full|given|family|sur|middle|maiden|customer|patient|user|contact|"
-    r"display|holder|owner|employee|client|sender|recipient)[_ -]?)?name[\"']?\s*[:=]\s*[\"']?|\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|"
+    r"display|holder|owner|employee|client|sender|recipient)[_ -]?)?name[\"']?\s*[:=]\s*[\"']?|"
+    r"\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|"
     r"\bpatient:?|\bemployee:?|\bapplicant:?|\bsincerely,?|\bregards,?|\bcheers,?|\bthanks,?|\bbest,?|"
     r"\bwishes,?|\bfaithfully,?|\btruly,?|\bbeneficiary:?|\bcardholder:?|\baccount\s+holder:?|\bundersigned,?|"
     r"\bje\s+m'appelle|\bmon\s+nom\s+est|\bme\s+llamo|\bmi\s+nombre\s+es|\bmi\s+chiamo|\bmein\s+Name\s+ist|"
@@ -225,7 +227,8 @@ def _accept(run: list[str], strong: bool, weak: bool, role: bool, sentence_start
     if strong or role:
         return True
     ambiguous = fold(first) in AMBIGUOUS_GIVEN
-    known_last = len(run) > 1 and (_surname(last) or bool(_SURNAME_SHAPE.match(last))
+    known_last = len(run) > 1 and (_surname(last) and (len(last) > 2 or _given(first))
+                                   or bool(_SURNAME_SHAPE.match(last))
                                    or bool(_SURNAME_ENDING.search(last)) and len(last) > 4)
     if len(first) == 1:
         return known_last  # "J. Smith"
@@ -233,8 +236,9 @@ def _accept(run: list[str], strong: bool, weak: bool, role: bool, sentence_start
         return not (sentence_start and ambiguous and not known_last and not weak)
     if (_given(first) and not ambiguous) or _SURNAME_SHAPE.match(first):
         return True
-    if len(run) > 1 and _surname(first) and not ambiguous and not sentence_start:
-        return True  # family name first: "Nguyen Van An", "Zhang Wei"
+    if len(run) > 1 and _surname(first) and not ambiguous and not sentence_start and (
+            len(first) > 2 or _given(last)):
+        return True  # family name first: "Nguyen Van An", "Zhang Wei"; "Ma Rainey" only with a listed given name
     return weak and not ambiguous and _surname(first)  # "talk to Patel"; "and Adam moments" stays
 
 
