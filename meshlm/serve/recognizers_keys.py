@@ -17,7 +17,7 @@ from typing import Iterator
 Span = tuple[int, int, str]
 
 _START = r"(?<![A-Za-z0-9_-])"  # never inside a longer token: also keeps "sk-sk-sk-..." linear
-_VENDOR_KEYS = re.compile("|".join(_START + p for p in [
+_VENDOR_KEYS = re.compile("(?=[A-Za-z-])(?:" + "|".join(_START + p for p in [
     r"sk-(?:proj-|ant-(?:api\d\d-)?|live-|test-|svcacct-)?[A-Za-z0-9_-]{20,512}",  # OpenAI, Anthropic
     r"(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,512}", r"github_pat_[A-Za-z0-9_]{40,512}",  # GitHub
     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",  # AWS access key ids
@@ -30,7 +30,7 @@ _VENDOR_KEYS = re.compile("|".join(_START + p for p in [
     r"AC[a-f0-9]{32}\b", r"SK[a-f0-9]{32}\b",  # Twilio
     r"eyJ[A-Za-z0-9_-]{8,4096}\.eyJ[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,4096}",  # JWT
     r"-----BEGIN[A-Z ]{0,20}PRIVATE KEY-----[\s\S]{0,8192}?-----END[A-Z ]{0,20}PRIVATE KEY-----",
-]))
+]) + ")")
 _SECRET_WORD = (r"(?:api[_ .-]?key|apikey|(?:account|shared[_ .-]?access|signing|encryption|master|license|"
                 r"subscription|consumer|app|admin|service)[_ .-]?key|access[_ .-]?key(?:[_ .-]?id)?|"
                 r"secret(?:[_ .-]?(?:access[_ .-]?)?key)?|"
@@ -41,7 +41,7 @@ _SECRET_WORD = (r"(?:api[_ .-]?key|apikey|(?:account|shared[_ .-]?access|signing
 # may follow a non-letter or, camel-case, a lower-case letter when it starts upper-case (not "monkey", "mytoken").
 _WORD_START = r"(?:(?<![A-Za-z0-9])|(?<=(?-i:[a-z]))(?=(?-i:[A-Z])))"
 _AFTER_WORD = re.compile(  # api_key="...", token: ..., "password is hunter2!", Authorization: Bearer ...
-    rf"{_WORD_START}{_SECRET_WORD}[\"']?\s*(?P<sep>(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
+    rf"(?=[A-Za-z]){_WORD_START}{_SECRET_WORD}[\"']?\s*(?P<sep>(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
     r"(?P<value>[^\s\"'`,;<>)\]}]{6,200})", re.I)
 _BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,4096})")
 _URL_PASSWORD = re.compile(r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,20}://[^\s:/@]{1,64}:(?P<value>[^\s@/]{3,128})@",
@@ -113,7 +113,7 @@ _DATE = (rf"(?:\d{{4}}[-/.]\d{{1,2}}[-/.]\d{{1,2}}|\d{{1,2}}[-/.]\d{{1,2}}[-/.](
 _BIRTH_WORD = (r"(?:\bborn|\bbirth\s*date|\bbirthdate|\bdate\s+of\s+birth|\bD\.?O\.?B\b\.?|\bbirthday|\bb-?day|"
                r"\bb\.(?=\s*\d)|\bgeboren|\bGeburtsdatum|\bné(?:e)?|\bdate\s+de\s+naissance|\bnacid[oa]|"
                r"\bfecha\s+de\s+nacimiento|\bdata\s+di\s+nascita|\bdata\s+de\s+nascimento)")
-_DOB = re.compile(rf"{_BIRTH_WORD}[^\n.;]{{0,24}}?(?P<date>{_DATE})\b", re.I)
+_DOB = re.compile(rf"(?=[A-Za-zé]){_BIRTH_WORD}[^\n.;]{{0,24}}?(?P<date>{_DATE})\b", re.I)
 
 
 def dates_of_birth(text: str) -> Iterator[Span]:
