@@ -41,7 +41,8 @@ _SECRET_WORD = (r"(?:api[_ .-]?key|apikey|(?:account|shared[_ .-]?access|signing
 # may follow a non-letter or, camel-case, a lower-case letter when it starts upper-case (not "monkey", "mytoken").
 _WORD_START = r"(?:(?<![A-Za-z0-9])|(?<=(?-i:[a-z]))(?=(?-i:[A-Z])))"
 _AFTER_WORD = re.compile(  # api_key="...", token: ..., "password is hunter2!", Authorization: Bearer ...
-    rf"(?=[A-Za-z]){_WORD_START}{_SECRET_WORD}[\"']?\s*(?P<sep>(?:is|was|=|:|=>|->)\s*|\s)(?:set\s+to\s+|now\s+)?[\"'`]?"
+    rf"(?=[A-Za-z]){_WORD_START}{_SECRET_WORD}[\"']?\s*(?P<sep>(?:is|was|=|:|=>|->)\s*|\s)"
+    r"(?:set\s+to\s+|now\s+)?[\"'`]?"
     r"(?P<value>[^\s\"'`,;<>)\]}]{6,200})", re.I)
 _BEARER = re.compile(r"\b(?:Bearer|Basic|token)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,4096})")
 _URL_PASSWORD = re.compile(r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,20}://[^\s:/@]{1,64}:(?P<value>[^\s@/]{3,128})@",

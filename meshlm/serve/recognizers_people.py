@@ -37,7 +37,8 @@ Accounts Payable Receivable Sales Billing Marketing Finance Legal Operations Eng
 To Of In On At For From By With As Is Do Does Did List
 """.split())
 _STRONG_CONTEXT = re.compile(
-    r"(?=[A-Za-z])(?:\b(?:my|his|her|their|your|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)\s+(?:full\s+)?"
+    r"(?=[A-Za-z])(?:\b(?:my|his|her|their|your|the\s+(?:patient|customer|client|employee|user|applicant)'?s?)"
+    r"\s+(?:full\s+)?"
     r"name\s+(?:is|was)|\b(?:(?:first|last|full|given|family|sur|middle|maiden|customer|patient|user|contact|"
     r"display|holder|owner|employee|client|sender|recipient)[_ -]?)?name[\"']?\s*[:=]\s*[\"']?|"
     r"\bnamed|\bcalled|\bsigned|\bDear|\bAttn\.?:?|\bc/o|\bcc:|\bFrom:|\bTo:|"
@@ -46,7 +47,8 @@ _STRONG_CONTEXT = re.compile(
     r"\bje\s+m'appelle|\bmon\s+nom\s+est|\bme\s+llamo|\bmi\s+nombre\s+es|\bmi\s+chiamo|\bmein\s+Name\s+ist|"
     r"\bich\s+hei(?:ß|ss)e|\bmeu\s+nome\s+é|\bjag\s+heter|\bmijn\s+naam\s+is)\s*", re.I)
 _WEAK_CONTEXT = re.compile(
-    r"(?=[A-Za-z])(?:\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|\bby|\bfrom|\bmeet|"
+    r"(?=[A-Za-z])(?:\bthis\s+is|\bit's|\bspeak\s+(?:to|with)|\btalk\s+to|\bask\s+for|\bcontact|\bwith|\bby|"
+    r"\bfrom|\bmeet|"
     r"\bmet|\bhi|\bhello|\bhey|\band|\bfor|\bsaid|\btold|\bcalled\s+me|\binform|\bto|\bthank\s+you|\bthanks)"
     r"\b\s*,?\s*", re.I)
 # A person's role or relation right before: "my colleague X Y", "our CEO, X Y", "I'm X Y" — any capitalised run.
