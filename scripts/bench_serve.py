@@ -117,7 +117,8 @@ def throughput(load: Load, streams: int, requests_per_stream: int, max_tokens: i
     done = load.results[start:]
     tokens = sum(r["tokens"] for r in done)
     return {"streams": streams, "requests": len(done), "tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 1), "ttft_p50_s": percentile([r["ttft"] for r in done if r["ttft"]], .5),
+            "tokens_per_s": round(tokens / wall, 1),
+            "ttft_p50_s": percentile([r["ttft"] for r in done if r["ttft"]], .5),
             "errors": sum(r["status"] != 200 for r in done)}
 
 

@@ -59,7 +59,7 @@ def start_server(args: list[str], folder: Path) -> Running:
     folder.mkdir(parents=True, exist_ok=True)
     port_file, log = folder / "port.json", folder / "server.log"
     proc = subprocess.Popen([sys.executable, "-m", "meshlm", "serve", *args, "--port", "0", "--port-file",
-                             str(port_file), "--device", "cpu"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             str(port_file), "--device", "cpu", "--threads", "1"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=log.open("w"), env={**os.environ, "PYTHONWARNINGS": "ignore"})
     return Running(proc, "", log, Path(args[args.index("--audit") + 1]))
 
@@ -115,8 +115,8 @@ def stack(tmp_path_factory) -> Stack:
 
 
 def chat(client, content="Say something.", **kw):
-    return client.chat.completions.create(model=kw.pop("model", "tiny"), messages=[{"role": "user", "content": content}],
-                                          **kw)
+    messages = [{"role": "user", "content": content}]
+    return client.chat.completions.create(model=kw.pop("model", "tiny"), messages=messages, **kw)
 
 
 def test_models_chat_completion_fingerprint(stack):

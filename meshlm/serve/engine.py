@@ -16,7 +16,6 @@ through ``emit`` callbacks.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field

@@ -9,6 +9,7 @@ server). Upstream 4xx errors keep their status and message; 429/503 keep Retry-A
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,7 @@ from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job,
 from meshlm.serve.registry import ModelVersion
 
 _DROP = ("model", "stream", "stream_options", "user")
+_closing: set[asyncio.Task] = set()  # connection closes in progress (a task needs a reference to finish)
 
 
 class RemoteHandle:
@@ -62,7 +64,12 @@ class RemoteHandle:
             await self._response.aclose()
 
     def cancel(self) -> None:
-        self.closed = True  # the generator's finally (or garbage collection) closes the connection
+        """Close the upstream connection (the remote sees the client leave and stops generating)."""
+        if not self.closed:
+            self.closed = True
+            task = asyncio.get_running_loop().create_task(self._response.aclose())
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
 
 
 class RemoteBackend:
