@@ -59,7 +59,10 @@ _ROLE_CONTEXT = re.compile(
     r"\bniece|\bpartner|\bfianc[ée]e?|\bgirlfriend|\bboyfriend|\bneighbou?r|\blandlord|\btenant|\bCEO|\bCTO|"
     r"\bCFO|\bCOO|\bfounder|\bdirector|\bpresident|\bchair(?:man|woman|person)?|\blawyer|\battorney|\bdoctor|"
     r"\bnurse|\bteacher|\btutor|\bassistant|\bintern|\bsupervisor|\bmentor|\bcoach|\brecruiter|"
-    r"\bphysician|\bdentist|\btherapist|\baccountant)\b\s*,?\s*", re.I)
+    r"\bphysician|\bdentist|\btherapist|\baccountant|"
+    # verbs aimed at a person, written in lower case mid-sentence: "please ask Aiyana to", "I emailed Oluwadamilare"
+    r"\b(?-i:ask|asked|tell|told|remind|reminded|email|emailed|e-mail|ping|pinged|text|texted|message|messaged|"
+    r"thank|thanked|invite|invited|notify|notified|introduce|introduced|cc|cc'd|let))\b\s*,?\s*", re.I)
 _PLACE_PREFIX = re.compile(r"\b(?:St|Ste|Saint|San|Santa|Santo|São|Mount|Mt|Lake|Port|Fort|Cape)\.?\s+", re.I)
 _SURNAME_SHAPE = re.compile(r"^(?:O'|O’|Mc|Mac|Fitz)[A-Z]\w+$")
 _TITLE = re.compile(r"\b(?<![\w.])(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Professor|Sir|Dame|Lady|Lord|Rev|Fr|Sr|Sra|Srta|"
@@ -114,6 +117,8 @@ def _name_run(words: list[re.Match], i: int) -> int:
             sep = w_sep(words, j)
             if sep.strip() not in ("", ".") or "\n" in sep or len(sep) > 2:
                 break
+            if sep.strip() == "." and len(words[j - 1].group()) > 1:
+                break  # a full stop ends the name unless it follows an initial ("J. Smith", "John A. Smith")
         if _initial(words, j):
             pass  # an initial joins the run but does not end it
         elif _is_cap(w) and w not in _NOT_NAMES:
