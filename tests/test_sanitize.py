@@ -106,7 +106,8 @@ def test_sanitize_is_idempotent_and_keeps_the_rest():
 
 def test_every_mention_of_a_found_name_is_masked():
     text = "Dear Mrs. Ivana Horvat, thanks. Horvat's file and john's note: john said Ivana's claim is fine."
-    assert sanitize(text) == "Dear <PERSON>, thanks. <PERSON>'s file and john's note: john said <PERSON>'s claim is fine."
+    assert sanitize(text) == ("Dear <PERSON>, thanks. <PERSON>'s file and john's note: john said <PERSON>'s claim "
+                              "is fine.")
     text = "my name is john. john's card and John's phone"
     assert "john" not in sanitize(text).lower()
 
