@@ -124,3 +124,6 @@ def test_cli_add_list_show(checkpoints, tmp_path, capfd):
     assert code == 2 and "tiny:v7 is not in the registry" in err and "Traceback" not in err
     code, _, err = run("registry", "add", "--name", "x", "--registry", db)
     assert code == 2 and "exactly one" in err
+    code, _, err = run("serve", "--registry", db, "--model", "tiny:v2", "--port", "0")  # no report: refused
+    assert code == 2 and "tiny:v2 (gates: no report)" in err and "--force" in err
+    assert not (tmp_path / "audit.sqlite").exists()  # refused before anything was opened
