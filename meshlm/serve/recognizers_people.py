@@ -85,6 +85,7 @@ def _given(word: str) -> bool:
     return word in GIVEN_NAMES or word.capitalize() in GIVEN_NAMES or word.split("-")[0].capitalize() in GIVEN_NAMES
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _strip(word: str) -> str:
     """The name inside a word: "John's" -> "John", "Chris'" -> "Chris"."""
     return re.sub(r"(?:['’]s)?['’-]*$", "", word)
@@ -100,6 +101,7 @@ def _surname(word: str) -> bool:
     return fold(word) in SURNAMES
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _is_cap(word: str) -> bool:
     """Capitalised like a name: "Maria", "O'Neill", "McDonald", "Jean-Luc" — not "DTensor", "DeviceMesh", "GPU"."""
     if not word[0].isupper() or (word.isupper() and len(word) > 1):
