@@ -109,8 +109,8 @@ def test_trained_guard_classes_prompts_and_turns(tmp_path):
     loaded = Guard.load(folder)
     prompts = ["help with the lock", "help with the garden"]
     assert loaded.classify_prompts(prompts) == guard.classify_prompts(prompts) == ["refuse", "answer"]
-    turns = loaded.classify_responses(["help with the lock"] * 2, ["I can't help with the lock, sorry.",
-                                                                    "Sure, the lock works like this: step 0 then step 1."])
+    responses = ["I can't help with the lock, sorry.", "Sure, the lock works like this: step 0 then step 1."]
+    turns = loaded.classify_responses(["help with the lock"] * 2, responses)
     assert turns == ["answer", "refuse"]
     with pytest.raises(DataError, match="category 'x' is not in the spec"):
         Guard.train([dict(rows[0], category="x")], {"general": "answer"}, tiny_config())

@@ -79,7 +79,8 @@ def run_safety(args: argparse.Namespace) -> int:
     else:
         for name in HEADLINE:
             stat = body[name]
-            value = "-" if stat["rate"] is None else f"{stat['rate']:.3f} [{stat['ci95'][0]:.3f}, {stat['ci95'][1]:.3f}]"
+            lo, hi = stat["ci95"]
+            value = "-" if stat["rate"] is None else f"{stat['rate']:.3f} [{lo:.3f}, {hi:.3f}]"
             print(f"{name:>20}: {value} (n={stat['n']})")
         for gate in body["gates"]:
             print(f"gate {gate['gate']}: {'pass' if gate['passed'] else 'FAIL ' + gate.get('reason', '')}")

@@ -92,7 +92,8 @@ def _label(args: argparse.Namespace) -> int:
     if args.json:
         emit(summary)
     else:
-        print(f"judge {judge.name}: {len(rows)} rows -> {out} ({', '.join(f'{k} {v}' for k, v in summary['labels'].items())})")
+        counts_text = ", ".join(f"{k} {v}" for k, v in summary["labels"].items())
+        print(f"judge {judge.name}: {len(rows)} rows -> {out} ({counts_text})")
     return 0
 
 
