@@ -78,7 +78,6 @@ class Server:
     def __init__(self, router: Router, audit, admin_token: str | None, log: Callable[[str], None] = log_line):
         self.router, self.audit, self.log = router, audit, log
         self.admin = AdminApi(router, self.write, admin_token)
-        self.requests = 0  # completion requests seen (each has exactly one audit record)
         self.app = self._build()
 
     async def write(self, record: dict[str, Any]) -> None:
@@ -126,7 +125,6 @@ class Server:
 
     # --- completions -----------------------------------------------------------------------------------------
     async def complete(self, request: Request, kind: str) -> Response:
-        self.requests += 1
         ex = Exchange(kind, request.url.path, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex)
         try:
             body = parse_body(await request.body())
@@ -143,6 +141,8 @@ class Server:
             ex.fail(error)
             await self._finish(ex)
             return error_response(error)
+        except Exception as exc:  # a bug: still one audit record, and an error object, not a traceback
+            return await self._internal(ex, exc)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
             return AuditedStream(self._sse(ex, handle, include_usage), self._closer(ex, handle),
@@ -151,7 +151,10 @@ class Server:
         try:
             async for event in handle.events():
                 self._note(ex, event)
-        except BaseException:
+        except Exception as exc:
+            handle.cancel()
+            return await self._internal(ex, exc)
+        except BaseException:  # cancelled: the client went away
             handle.cancel()
             ex.fail(ApiError(499, "the client closed the connection"))
             await self._finish(ex)
@@ -160,6 +163,13 @@ class Server:
         if ex.finished is None:
             return error_response(ApiError(ex.status, ex.error or "generation failed", type="server_error"))
         return JSONResponse(self._body(ex, "".join(ex.text), final=True))
+
+    async def _internal(self, ex: Exchange, exc: Exception) -> Response:
+        error = ApiError(500, "internal server error", type="server_error")
+        self.log(f"{ex.request_id}: internal error ({type(exc).__name__})")
+        ex.fail(error)
+        await self._finish(ex)
+        return error_response(error)
 
     def _note(self, ex: Exchange, event) -> None:
         if isinstance(event, Delta):
@@ -188,6 +198,11 @@ class Server:
                 else:
                     yield _event(event.error.to_json())
             yield b"data: [DONE]\n\n"
+        except Exception as exc:  # a bug: end the stream with an error object, keep the one record
+            handle.cancel()
+            self.log(f"{ex.request_id}: internal error ({type(exc).__name__})")
+            ex.fail(ApiError(500, "internal server error", type="server_error"))
+            yield _event(ApiError(500, "internal server error", type="server_error").to_json())
         except BaseException:  # the client went away (cancelled, or the generator closed)
             handle.cancel()
             if ex.finished is None and ex.error is None:
