@@ -49,13 +49,19 @@ class Law:
     @classmethod
     def from_theta(cls, theta: np.ndarray) -> Law:
         a, b, e, alpha, beta = (float(t) for t in theta)
-        return cls(math.exp(e), math.exp(a), math.exp(b), alpha, beta)
+        with np.errstate(over="ignore"):  # a diverged (bootstrap) fit: inf, counted by Approach3.degenerate
+            return cls(*(float(np.exp(v)) for v in (e, a, b)), alpha, beta)
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(v) for v in (self.E, self.A, self.B, self.alpha, self.beta))
 
     def as_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in KEYS}
 
     def loss(self, params, tokens):
-        return self.E + self.A / np.power(params, self.alpha) + self.B / np.power(tokens, self.beta)
+        with np.errstate(all="ignore"):  # degenerate bootstrap fits give inf/nan, left out of the intervals
+            return self.E + self.A / np.power(params, self.alpha) + self.B / np.power(tokens, self.beta)
 
     def optimal(self, flops: float, k: float = 6.0) -> dict[str, float]:
         """Compute-optimal N, D and loss for a budget C = k·N·D (Hoffmann's closed form with 6 → k):
@@ -161,6 +167,12 @@ class Approach3:
 
     def ci95(self) -> dict[str, list[float]]:
         return {key: percentile_ci([getattr(b, key) for b in self.boot]) for key in KEYS}
+
+    @property
+    def degenerate(self) -> int:
+        """Bootstrap fits that diverged (a parameter overflowed) or have no interior optimum (α or β ≤ 0); the
+        intervals are taken over the others, so many of these mean the intervals understate the uncertainty."""
+        return sum(1 for b in self.boot if not b.finite or b.alpha <= 0 or b.beta <= 0)
 
     def optimal(self, flops: float) -> dict:
         """Compute-optimal allocation for ``flops`` with bootstrap intervals."""

@@ -61,6 +61,13 @@ def fit_scaling(rows: Rows, *, budget: float | None = None, holdout: list[str] =
     a3 = fit_approach3(train, bootstrap=bootstrap, starts=starts, seed=seed)
     a2, why_not = fit_approach2(train, bootstrap=bootstrap, seed=seed)
     notes = [why_not] if why_not else []
+    if not (a3.law.alpha > 0 and a3.law.beta > 0):
+        notes.append(f"the fit has alpha = {a3.law.alpha:.3g}, beta = {a3.law.beta:.3g}: loss does not fall with "
+                     "both size and tokens in these runs, so there is no compute-optimal allocation (NaN); runs "
+                     "far from ~20 tokens per parameter, or too few of them, do this")
+    if a3.degenerate:
+        notes.append(f"{a3.degenerate} of {bootstrap} bootstrap fits diverged or lost the optimum (alpha or beta <= "
+                     "0); the intervals leave them out and so understate the uncertainty: add runs")
     if not rows.flops_counted:
         notes.append("some rows have no flops: C = 6·N·D was used for them")
     ci = a3.ci95()
@@ -69,6 +76,7 @@ def fit_scaling(rows: Rows, *, budget: float | None = None, holdout: list[str] =
         "num_points": int(fitted.sum()),
         "huber_delta": HUBER_DELTA,
         "bootstrap": bootstrap,
+        "bootstrap_degenerate": a3.degenerate,
         "flops_per_param_token": a3.k,
         "fit": a3.law.as_dict(),
         "ci95": ci,
