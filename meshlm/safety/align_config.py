@@ -51,7 +51,7 @@ class BaseSection:
 
 @dataclass
 class SFTSection:
-    steps: int = option(600, "SFT optimizer steps.")
+    steps: int = option(400, "SFT optimizer steps.")
     batch_size: int = option(16, "Sequences (packed) per step.")
     lr: float = option(3e-3, "Peak learning rate.")
     warmup_steps: int = option(30, "Linear warmup steps.")
