@@ -51,8 +51,9 @@ def _version(value: Any) -> int:
 
 
 class AdminApi:
-    def __init__(self, router: Router, write: Callable[[dict], Awaitable[None]], token: str | None) -> None:
-        self.router, self._write = router, write
+    def __init__(self, router: Router, write: Callable[[dict], Awaitable[None]], token: str | None,
+                 audit_head: Callable[[], dict] | None = None) -> None:
+        self.router, self._write, self._audit_head = router, write, audit_head
         self._token = token.encode() if token else None
         self.started = time.time()
 
@@ -64,7 +65,8 @@ class AdminApi:
 
     async def status(self, request: Request) -> Response:
         async def act(body: dict) -> tuple[dict, dict]:
-            return {**self.router.status(), "uptime_s": round(time.time() - self.started, 1)}, {}
+            head = self._audit_head() if self._audit_head else None  # to anchor the chain elsewhere
+            return {**self.router.status(), "uptime_s": round(time.time() - self.started, 1), "audit_head": head}, {}
         return await self._call(request, "status", act, read_body=False)
 
     async def rollout(self, request: Request) -> Response:

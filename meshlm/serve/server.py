@@ -77,7 +77,7 @@ class Server:
 
     def __init__(self, router: Router, audit, admin_token: str | None, log: Callable[[str], None] = log_line):
         self.router, self.audit, self.log = router, audit, log
-        self.admin = AdminApi(router, self.write, admin_token)
+        self.admin = AdminApi(router, self.write, admin_token, getattr(audit, "head", None))
         self.app = self._build()
 
     async def write(self, record: dict[str, Any]) -> None:
