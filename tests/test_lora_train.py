@@ -112,3 +112,17 @@ def test_lora_resume_is_bitwise(base_run, tmp_path):
     for step in (3, 4):  # after the resume: the adapters, their optimizer state and the base all restored
         assert records[1][step]["loss"] == records[0][step]["loss"], step
         assert records[1][step]["grad_norm"] == records[0][step]["grad_norm"], step
+
+
+def test_lora_under_tensor_parallelism_equals_a_single_device(base_run):
+    """Adapters laid out to follow their projection's sharding (column-parallel q/v: A whole, B by rows;
+    row-parallel o/down: A by columns, B whole): tp2 gives the single-device loss and grad norm. Sequence
+    parallelism stays refused (torch re-creates the sequence-parallel norm weights as trainable parameters)."""
+    overrides = [*_lora(base_run), "lora.targets=q,v,o,down", "parallel.tp=2", "parallel.dp_shard=1",
+                 "parallel.sequence_parallel=false"]
+    proc = meshlm("diagnose", "parity", *_sets(overrides), "--nproc", "2", "--steps", "3", "--json", check=False)
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert proc.returncode == 0 and report["ok"], report
+    refused = meshlm("train", *_sets([*overrides[:-1], "training.steps=1"]), "--run-dir", str(base_run.parent / "x"),
+                     check=False)
+    assert refused.returncode == 2 and "parallel.sequence_parallel = false" in refused.stderr, refused.stderr

@@ -197,9 +197,13 @@ class JobConfig:
         if self.lora.enabled and not self.checkpoint.init_from:
             raise ConfigError("lora.rank > 0 adapts a base model: set checkpoint.init_from to the base checkpoint "
                               "(or lora.rank = 0 to train every weight)")
-        if self.lora.enabled and self.parallel.tp > 1:
-            raise ConfigError("LoRA is not supported with tensor parallelism yet; use parallel.tp = 1 (DDP or FSDP2 "
-                              "work) or lora.rank = 0")
+        if self.lora.enabled and self.parallel.tp > 1 and (self.lora.dropout > 0 or self.parallel.sequence_parallel
+                                                           or self.model.qk_norm):
+            # torch's SequenceParallel re-creates the norm weights as trainable parameters (the frozen base norms
+            # would train); dropout masks under DTensor would differ from a single device's
+            raise ConfigError("LoRA with tensor parallelism needs parallel.sequence_parallel = false, lora.dropout = 0 "
+                              "and no model.qk_norm (sequence-parallel norms lose their frozen state); set those, or "
+                              "parallel.tp = 1")
         if self.training.objective == "reward" and self.parallel.tp > 1:
             raise ConfigError("training.objective = 'reward' has a 1-output score head that tensor parallelism "
                               "cannot shard; use parallel.tp = 1 (DDP or FSDP2)")

@@ -7,6 +7,15 @@ like PEFT's default (Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqr
 The adapted layer is a subclass of ``nn.Linear`` that keeps ``weight`` / ``bias`` under their own names and adds
 ``lora_A`` / ``lora_B`` beside them, so base state-dict keys (and therefore checkpoints and HF conversion) are
 unchanged. Pure PyTorch: data parallelism (DDP, FSDP2) is applied from outside as for any module.
+
+Tensor parallelism: the engine's plan shards the base projection as for plain ``nn.Linear`` (column-parallel
+``Shard(0)`` of the (out, in) weight, row-parallel ``Shard(1)``), and :meth:`LoRALinear.register_parameter` lays
+the adapters out to match as the plan installs its DTensors: column-parallel → A replicated, B ``Shard(0)`` (each
+rank computes its own output columns; no communication); row-parallel → A ``Shard(1)`` (the input is sharded),
+B replicated, so the update is a partial sum reduced with the base output. The hook acts only on DTensors of a
+one-dimensional mesh named ``tp`` (FSDP2's data-parallel DTensors pass through untouched). Without dropout the
+layer has no submodule (the row-parallel plan would visit one as a linear layer); with dropout > 0 it has an
+``nn.Dropout`` (which tools listing dropout modules see), and the config refuses it under tensor parallelism.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 # Config names -> the module names inside a TransformerBlock.
 TARGETS = {
@@ -37,15 +47,31 @@ class LoRALinear(nn.Linear):
         self.scaling = alpha / rank
         self.lora_A = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
         self.lora_B = nn.Parameter(torch.empty(out_features, rank, device=device, dtype=dtype))
-        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        if dropout > 0:
+            self.lora_dropout = nn.Dropout(dropout)
+        else:
+            self.lora_dropout = None  # no submodule for a tensor-parallel plan to visit
         self.merged = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)  # (..., out)
         if self.merged:
             return out
-        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)  # (..., r) -> (..., out)
+        h = self.lora_dropout(x) if self.lora_dropout is not None else x
+        update = F.linear(F.linear(h, self.lora_A), self.lora_B)  # (..., r) -> (..., out)
         return out + update * self.scaling
+
+    def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
+        """Tensor parallelism (module docstring): adapters follow the base weight's column/row sharding."""
+        weight = self._parameters.get("weight") if name != "weight" else param
+        if name in ("lora_A", "lora_B") and _tp_placement(param) is not None and _tp_placement(weight) == Shard(0):
+            # column-parallel: the plan shards every parameter along dim 0; A must stay whole
+            param = _placed(param, [Replicate()] if name == "lora_A" else [Shard(0)])
+        super().register_parameter(name, param)
+        if name == "weight" and _tp_placement(param) == Shard(1) and "lora_A" in self._parameters:
+            # row-parallel: the plan shards only weight (and replicates bias); place the adapters here
+            super().register_parameter("lora_A", _placed(self._parameters["lora_A"], [Shard(1)], param.device_mesh))
+            super().register_parameter("lora_B", _placed(self._parameters["lora_B"], [Replicate()], param.device_mesh))
 
     @torch.no_grad()
     def reset_lora(self, generator: torch.Generator | None = None) -> None:
@@ -79,6 +105,25 @@ class LoRALinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.rank}, alpha={self.alpha}"
+
+
+def _tp_placement(param) -> object | None:
+    """The placement of a DTensor on a one-dimensional ``tp`` mesh, else None."""
+    if not isinstance(param, DTensor) or param.device_mesh.mesh_dim_names != ("tp",):
+        return None
+    return param.placements[0]
+
+
+def _placed(param, placements, mesh=None) -> nn.Parameter:
+    """``param`` (a plain tensor, or a DTensor of the tp mesh) laid out with ``placements`` on the tp mesh. On the
+    meta device only shapes move; otherwise every rank rebuilds the full value (a collective for a DTensor)."""
+    if isinstance(param, DTensor):
+        mesh = param.device_mesh
+        full = torch.empty(param.shape, dtype=param.dtype, device="meta") if param.is_meta else param.full_tensor()
+    else:
+        full = param.detach()
+    placed = distribute_tensor(full, mesh, placements, src_data_rank=None)
+    return nn.Parameter(placed, requires_grad=param.requires_grad)
 
 
 def _swap(parent: nn.Module, child_name: str, rank: int, alpha: float, dropout: float) -> LoRALinear:
