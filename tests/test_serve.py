@@ -96,6 +96,7 @@ def stack(tmp_path_factory) -> Stack:
     tampered = root / "tampered"
     shutil.copytree(step1, tampered)
     reg.add_checkpoint(tampered, "tiny", root / "pass.json")  # tiny:v4, then its weights change on disk
+    reg.add_endpoint(up.url + "/v1", "tiny", "nope", root / "pass.json")  # tiny:v5: a model it does not serve
     shutil.rmtree(tampered)
     shutil.copytree(step2, tampered)
     s = Stack(main, up, token_file)
@@ -267,6 +268,8 @@ def test_changed_checkpoint_is_refused(stack):
 
 def test_gateway_to_a_second_server(stack):
     client, direct = stack.client(), stack.client(stack.up.url)
+    wrong = stack.admin("POST", "/admin/rollout", {"name": "tiny", "version": 5, "share": 1.0})
+    assert wrong.status_code == 409 and "does not serve 'nope'" in wrong.json()["error"]["message"]
     assert stack.admin("POST", "/admin/rollout", {"name": "tiny", "version": 3, "share": 1.0}).status_code == 200
     via = chat(client, "Hello there", max_tokens=6, temperature=0, user=USER)
     ref = chat(direct, "Hello there", max_tokens=6, temperature=0, model="up")

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx2
 
+from meshlm.errors import UserError
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job, overloaded
 from meshlm.serve.registry import ModelVersion
 
@@ -110,6 +111,19 @@ class RemoteBackend:
             await response.aclose()
             raise _upstream_error(response.status_code, _json(raw), response.headers.get("retry-after"))
         return _Counted(RemoteHandle(response, job.kind), self)
+
+    async def check(self) -> None:
+        """Refuse (UserError) an endpoint that does not answer ``GET /models`` or does not list the model."""
+        try:
+            response = await self._client.get(self.url + "/models", timeout=10.0)
+            ids = [m.get("id") for m in response.json().get("data", [])] if response.status_code == 200 else None
+        except (httpx2.HTTPError, ValueError, AttributeError) as exc:
+            raise UserError(f"{self.ref}: {self.url}/models did not answer ({type(exc).__name__})") from None
+        if ids is None:
+            raise UserError(f"{self.ref}: {self.url}/models answered HTTP {response.status_code}")
+        if self.remote_model not in ids:
+            raise UserError(f"{self.ref}: {self.url} does not serve '{self.remote_model}' (it lists "
+                            f"{', '.join(map(str, ids[:10])) or 'nothing'}); register it with --remote-model")
 
     def status(self) -> dict[str, Any]:
         return {"kind": "endpoint", "url": self.url, "remote_model": self.remote_model, "active": self._inflight,

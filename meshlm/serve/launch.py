@@ -48,7 +48,13 @@ def make_loader(opts: ServeOptions):
 
     async def load(entry):
         if entry.kind == "endpoint":
-            return RemoteBackend(entry, max_tokens_cap=opts.max_tokens_cap, max_inflight=opts.max_queue)
+            remote = RemoteBackend(entry, max_tokens_cap=opts.max_tokens_cap, max_inflight=opts.max_queue)
+            try:
+                await remote.check()
+            except BaseException:
+                await remote.aclose()
+                raise
+            return remote
         return await anyio.to_thread.run_sync(lambda: LocalBackend.load(
             entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
             max_queue=opts.max_queue))
