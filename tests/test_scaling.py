@@ -233,6 +233,18 @@ def test_isoflop_points_follow_counted_flops(tmp_path):
     assert (d2.n_layers, d2.dim, d2.n_heads, d2.ffn_hidden_dim) == (2, 32, 4, 96)  # the width/depth rule
 
 
+def test_points_outside_the_limits_are_left_out(tmp_path):
+    from meshlm.errors import ConfigError
+    from meshlm.scaling.spec import load_sweep
+
+    spec = load_sweep(sweep_file(tmp_path, "isoflop", "flops = [1e8, 2e9]\nmin_tokens_per_param = 0.01"))
+    assert [p.name for p in spec.points] == ["C2e9-d1", "C2e9-d2"]  # 0.13 and 0.023 tokens per parameter
+    assert [s["name"] for s in spec.skipped] == ["C1e8-d1", "C1e8-d2"]  # 0.0064 and 0.0011
+    assert all("tokens per parameter" in s["reason"] for s in spec.skipped)
+    with pytest.raises(ConfigError, match="every point was left out"):
+        load_sweep(sweep_file(tmp_path, "isoflop", "flops = [1e8]\nmax_tokens = 10"))
+
+
 def test_sweep_skips_finished_and_resumes_interrupted(tmp_path, debug_dataset):
     from meshlm.config.loader import load_config
     from meshlm.scaling.spec import load_sweep

@@ -9,6 +9,7 @@ flops = [1e12, 3e12]        #   (counted FLOPs per token, attention included: me
 # kind = "grid"; tokens = [2e5, 4e5]   # every size x every token budget
 min_steps = 20              # isoflop: sizes that would train fewer optimizer steps are left out
 max_tokens = 1_000_000      # isoflop: sizes that would train on more tokens are left out (e.g. one epoch)
+min_tokens_per_param = 1.0  # isoflop: sizes that would see fewer tokens per parameter are left out
 heldout_tokens = 65536      # held-out (val split) tokens evaluated at the end of each point
 
 [sweep.sizes]               # the width/depth rule (or [[sweep.models]] with name and set = [...])
@@ -38,8 +39,8 @@ from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
 from meshlm.train.flops import model_flops_per_token
 
-SWEEP_KEYS = ("base", "set", "kind", "flops", "tokens", "min_steps", "max_tokens", "heldout_tokens", "sizes",
-              "models")
+SWEEP_KEYS = ("base", "set", "kind", "flops", "tokens", "min_steps", "max_tokens", "min_tokens_per_param",
+              "heldout_tokens", "sizes", "models")
 SIZE_KEYS = {"depths": None, "aspect": 64, "head_dim": 32, "kv_ratio": 1, "ffn_ratio": 8 / 3, "multiple_of": 32}
 
 
@@ -170,6 +171,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     sizes = size_overrides(raw["sizes"]) if "sizes" in raw else model_overrides(raw["models"])
     min_steps = int(raw.get("min_steps", 1))
     max_tokens = float(raw.get("max_tokens", math.inf))
+    min_ratio = float(raw.get("min_tokens_per_param", 0.0))
     heldout = int(raw.get("heldout_tokens", 65536))
     if min_steps < 1 or heldout < 1 or max_tokens <= 0:
         raise ConfigError(f"{path}: sweep.min_steps, sweep.max_tokens and sweep.heldout_tokens must be positive")
@@ -193,6 +195,10 @@ def load_sweep(path: str | Path) -> SweepSpec:
                 continue
             if budget is not None and steps * tps > max_tokens:
                 skipped.append({"name": name, "reason": f"{steps * tps:,} tokens > sweep.max_tokens ({max_tokens:,.0f})"})
+                continue
+            if budget is not None and steps * tps < min_ratio * shape["params"]:
+                skipped.append({"name": name, "reason": f"{steps * tps / shape['params']:.2g} tokens per parameter < "
+                                                        f"sweep.min_tokens_per_param ({min_ratio:g})"})
                 continue
             points.append(Point(name=name, overrides=common + overrides + [f"training.steps={steps}"], steps=steps,
                                 budget=budget, **shape))
