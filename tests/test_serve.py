@@ -306,6 +306,19 @@ def test_overload_is_429_with_retry_after(stack):
     assert int(busy.headers["retry-after"]) >= 1 and busy.json()["error"]["type"] == "rate_limit_error"
 
 
+def test_eval_safety_against_the_server(stack, tmp_path, capfd):
+    from meshlm.cli.main import main
+
+    prompts = ROOT / "meshlm" / "safety" / "data" / "heldout_prompts.jsonl"
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "safety", "--endpoint", stack.main.url + "/v1", "--model", "tiny", "--prompts", str(prompts),
+              "--out", str(tmp_path / "eval"), "--limit", "3", "--max-new-tokens", "8", "--json"])
+    report = json.loads(capfd.readouterr().out)
+    rows = (tmp_path / "eval" / "responses.jsonl").read_text().splitlines()
+    stack.counts["request"] += len(rows)  # its own HTTP client, outside the counting one; one request per prompt
+    assert stop.value.code == 0 and report["n"] == 3 and len(rows) == 3
+
+
 def test_one_sanitized_audit_record_per_request(stack):
     from meshlm.serve.audit_verify import export, verify
 
