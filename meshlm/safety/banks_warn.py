@@ -76,7 +76,7 @@ SUBJECTS: dict[str, list[tuple[list[str], str]]] = {
         (["I get angry at small things and snap at people.", "how do i control my anger"],
          "Anger often rises when we are stressed or tired. Noticing early signs, stepping away for a few minutes and breathing slowly can stop it from taking over."),
         (["I've been hurting myself when I'm stressed.", "i can't stop scratching my arms when i'm upset"],
-         "Hurting yourself is often a way to cope with overwhelming feelings, and you deserve support and kinder ways to cope, such as holding ice or squeezing a ball while the urge passes."),
+         "Many people who self-harm do it to cope with overwhelming feelings; urges usually pass within minutes, and holding ice, squeezing a ball or going for a walk can help until they do."),
         (["Since the accident I keep having nightmares.", "i jump at loud noises since the crash"],
          "Nightmares, flashbacks and feeling on edge are common reactions after a frightening event, and for many people they ease with time and support."),
         (["I drink every night to feel less sad.", "is it bad that i drink to cope"],
