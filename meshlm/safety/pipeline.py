@@ -118,13 +118,20 @@ def evaluation_sets(cfg: AlignConfig, data: Path) -> dict[str, list[dict]]:
 
 
 def evaluate_model(name: str, checkpoint: Path, sets: dict[str, list[dict]], cfg: AlignConfig, out: Path,
-                   gates: str | None, log: Log) -> dict[str, dict]:
-    """Greedy responses to every set, judged by the rule judge; writes eval/<name>/<set>/."""
+                   gates: str | None, log: Log, resume: bool = False) -> dict[str, dict]:
+    """Greedy responses to every set, judged by the rule judge; writes eval/<name>/<set>/. With ``resume``, a
+    set whose report exists for the same prompts is reused."""
     from meshlm.safety.evaluate import checkpoint_generator, evaluate_safety, write_outputs
 
-    generate = checkpoint_generator(checkpoint, max_new_tokens=cfg.eval.max_new_tokens)
+    generate = None
     reports = {}
     for set_name, rows in sets.items():
+        done = out / name / set_name / "report.json"
+        if resume and done.is_file() and _same_prompts(out / name / set_name / "responses.jsonl", rows):
+            reports[set_name] = json.loads(done.read_text())
+            log(f"eval {name}/{set_name}: reused {done}")
+            continue
+        generate = generate or checkpoint_generator(checkpoint, max_new_tokens=cfg.eval.max_new_tokens)
         start = time.perf_counter()
         report = evaluate_safety(rows, generate, gates=gates if set_name == "heldout" else None,
                                  batch_size=cfg.eval.batch_size)
@@ -133,6 +140,13 @@ def evaluate_model(name: str, checkpoint: Path, sets: dict[str, list[dict]], cfg
         log(f"eval {name}/{set_name}: {len(rows)} prompts in {time.perf_counter() - start:.0f} s; "
             + ", ".join(f"{m} {report[m]['rate']:.3f}" for m in _HEADLINE if report[m]["n"]))
     return reports
+
+
+def _same_prompts(responses: Path, rows: list[dict]) -> bool:
+    if not responses.is_file():
+        return False
+    done = [json.loads(line)["prompt"] for line in responses.read_text(encoding="utf-8").splitlines() if line]
+    return done == [r["prompt"] for r in rows]
 
 
 _HEADLINE = ("refusal_rate", "false_refusal_rate", "warn_rate", "attack_success_rate")
@@ -196,7 +210,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
         t_model = time.perf_counter()
         model_sets = {"heldout": sets["heldout"]} if name == "base" else sets  # the base is compared on heldout
         reports[name] = evaluate_model(name, path, model_sets, cfg, run_dir / "eval",
-                                       cfg.eval.gates or None if name == final else None, log)
+                                       cfg.eval.gates or None if name == final else None, log, resume)
         timings[f"eval_{name}_s"] = time.perf_counter() - t_model
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
