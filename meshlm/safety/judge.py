@@ -39,7 +39,7 @@ class RuleJudge:
     name = "rule"
 
     def label(self, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
-        return [decide(r)[0] for r in responses]
+        return [decide(r, p)[0] for p, r in zip(prompts, responses)]
 
     def explain(self, response: str) -> list[dict]:
         """Each clause with its role and counted content words (for debugging a label)."""
