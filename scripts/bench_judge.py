@@ -78,7 +78,8 @@ def main() -> None:
         print(f"trained judge on {args.train_on} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         judges.append((f"trained({args.train_on.name})", trained))
     datasets = args.data or [DATA / name for name in ("judge_testset.jsonl", "judge_holdout.jsonl",
-                                                      "judge_holdout2.jsonl")]
+                                                      "judge_holdout2.jsonl", "judge_holdout3.jsonl",
+                                                      "judge_holdout4.jsonl")]
     report = {}
     for spec, judge in judges:
         for path in datasets:
