@@ -123,7 +123,7 @@ def isoflop_rows(law: Law, sigma: float, seed: int) -> Rows:
 
 
 def test_approach2_recovers_exponents():
-    a2, why = fit_approach2(isoflop_rows(HOFFMANN, 0.002, seed=0), bootstrap=100)
+    a2, why = fit_approach2(isoflop_rows(HOFFMANN, 0.002, seed=0), bootstrap=100, noise=0.002)
     assert a2 is not None, why
     s = HOFFMANN.alpha + HOFFMANN.beta
     a_true, b_true = HOFFMANN.beta / s, HOFFMANN.alpha / s  # 0.452, 0.548

@@ -8,8 +8,11 @@ sampled is an extrapolation: such a group is reported but not used. Then log N_o
 on log C: N_opt ∝ C^a, D_opt ∝ C^b (Hoffmann et al.: a ≈ b ≈ 0.5). The minimum loss per group is regressed the
 same way (a pure power law in C, no irreducible term: fine near the sampled budgets, optimistic far beyond them).
 
-Intervals: points are resampled with replacement inside each group (so every group keeps its budget), the whole
-procedure is repeated, and the 2.5th/97.5th percentiles are reported.
+Intervals: a parametric bootstrap. Every loss is multiplied by exp(σ·ε), ε ~ N(0, 1), the whole procedure is
+repeated, and the 2.5th/97.5th percentiles are reported. σ is given by the caller (``meshlm scaling fit`` passes
+approach 3's RMS log residual over the same rows) or estimated from the parabolas' own residuals. Resampling
+points inside a group was tried first and is useless for the usual 3-5 sizes per group: a resample with fewer
+than 3 distinct sizes has no parabola, and the ones left are the original points again (zero-width intervals).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class Approach2:
     b: float
     coef: dict[str, tuple[float, float]]  # params / tokens / loss: (exponent, log prefactor)
     boot: list[dict[str, tuple[float, float]]] = field(default_factory=list)
+    noise: float = 0.0  # σ of the parametric bootstrap (log loss)
 
     def ci95(self) -> dict[str, list[float]]:
         return {"a": percentile_ci([b["params"][0] for b in self.boot]),
@@ -96,7 +100,7 @@ class Approach2:
 
     def as_dict(self) -> dict:
         return {"a": self.a, "b": self.b, "ci95": self.ci95(), "loss_exponent": self.coef["loss"][0],
-                "groups": self.groups}
+                "noise_sigma": self.noise, "groups": self.groups}
 
 
 def _frontier(vertices: list[Vertex]) -> dict[str, tuple[float, float]] | None:
@@ -111,8 +115,20 @@ def _budget_of(rows: Rows, idx: np.ndarray) -> float:
     return float(rows.budget[idx[0]]) if np.isfinite(rows.budget[idx[0]]) else float(np.median(rows.flops[idx]))
 
 
-def fit_approach2(rows: Rows, *, bootstrap: int = 200, seed: int = 0) -> tuple[Approach2 | None, str]:
-    """(fit, "") or (None, why not): needs at least 2 groups of >= 3 sizes whose vertices lie inside them."""
+def _parabola_noise(rows: Rows, groups: list[np.ndarray]) -> float:
+    """Pooled RMS of the parabolas' log residuals (dof-corrected); 0 when every group has exactly 3 sizes."""
+    squares, dof = 0.0, 0
+    for g in groups:
+        x, y = np.log(rows.params[g]), np.log(rows.loss[g])
+        squares += float(np.sum((np.polyval(np.polyfit(x, y, 2), x) - y) ** 2))
+        dof += len(g) - 3
+    return math.sqrt(squares / dof) if dof > 0 else 0.0
+
+
+def fit_approach2(rows: Rows, *, bootstrap: int = 200, seed: int = 0,
+                  noise: float | None = None) -> tuple[Approach2 | None, str]:
+    """(fit, "") or (None, why not): needs at least 2 groups of >= 3 sizes whose vertices lie inside them.
+    ``noise``: σ of the parametric bootstrap in log loss (None: from the parabolas' residuals)."""
     groups = [g for g in group_rows(rows) if len(np.unique(rows.params[g])) >= MIN_SIZES]
     if len(groups) < 2:
         return None, (f"approach 2 needs IsoFLOP groups: at least 2 compute budgets with >= {MIN_SIZES} model "
@@ -128,14 +144,13 @@ def fit_approach2(rows: Rows, *, bootstrap: int = 200, seed: int = 0) -> tuple[A
     if coef is None:
         return None, ("approach 2: fewer than 2 IsoFLOP groups have their minimum inside the sampled sizes; "
                       "widen the size range around the optimum")
+    sigma = _parabola_noise(rows, groups) if noise is None else float(noise)
     rng = np.random.default_rng(seed)
     boot = []
-    for _ in range(bootstrap):
-        vs = []
-        for g, c in zip(groups, budgets):
-            pick = g[rng.integers(0, len(g), len(g))]
-            vs.append(vertex(rows.params[pick], rows.tokens[pick], rows.flops[pick], rows.loss[pick], c))
+    for _ in range(bootstrap if sigma > 0 else 0):
+        loss = rows.loss * np.exp(sigma * rng.standard_normal(len(rows)))
+        vs = [vertex(rows.params[g], rows.tokens[g], rows.flops[g], loss[g], c) for g, c in zip(groups, budgets)]
         fitted = _frontier(vs)
         if fitted is not None:
             boot.append(fitted)
-    return Approach2(report, coef["params"][0], coef["tokens"][0], coef, boot), ""
+    return Approach2(report, coef["params"][0], coef["tokens"][0], coef, boot, sigma), ""

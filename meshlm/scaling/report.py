@@ -59,7 +59,9 @@ def fit_scaling(rows: Rows, *, budget: float | None = None, holdout: list[str] =
     train = rows.subset(fitted)
     check_fittable(train)
     a3 = fit_approach3(train, bootstrap=bootstrap, starts=starts, seed=seed)
-    a2, why_not = fit_approach2(train, bootstrap=bootstrap, seed=seed)
+    # approach 2's intervals: a parametric bootstrap with approach 3's residual scale (isoflop.py says why)
+    res = residuals(a3, train)
+    a2, why_not = fit_approach2(train, bootstrap=bootstrap, seed=seed, noise=res["rms_log"])
     notes = [why_not] if why_not else []
     if not (a3.law.alpha > 0 and a3.law.beta > 0):
         notes.append(f"the fit has alpha = {a3.law.alpha:.3g}, beta = {a3.law.beta:.3g}: loss does not fall with "
@@ -82,7 +84,7 @@ def fit_scaling(rows: Rows, *, budget: float | None = None, holdout: list[str] =
         "ci95": ci,
         "optimal": a3.optimal(budget) if budget else None,
         "isoflop": None,
-        "residuals": residuals(a3, train),
+        "residuals": res,
         "holdout": holdout_check(a3, rows.subset(~fitted)) if holdout else None,
         "notes": notes,
     }
@@ -108,7 +110,8 @@ def render_text(doc: dict) -> str:
     iso = doc["isoflop"]
     if iso:
         lines.append(f"approach 2 (IsoFLOP): N_opt ∝ C^{iso['a']:.3f} {_ci(iso['ci95']['a'], '{:.3f}')}, "
-                     f"D_opt ∝ C^{iso['b']:.3f} {_ci(iso['ci95']['b'], '{:.3f}')}")
+                     f"D_opt ∝ C^{iso['b']:.3f} {_ci(iso['ci95']['b'], '{:.3f}')} (intervals: losses perturbed "
+                     f"by {iso['noise_sigma']:.3f} in log)")
         for g in iso["groups"]:
             state = "" if g["used"] else f"  ({g['note']})"
             lines.append(f"  C = {g['flops']:.3g}: N_opt {g['params_opt']:.3g}, D_opt {g['tokens_opt']:.3g}, "
