@@ -141,7 +141,8 @@ def _budgets(raw: dict, key: str, path: Path) -> list[float]:
     values = raw.get(key)
     if not isinstance(values, list) or not values or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
-        raise ConfigError(f"{path}: sweep.{key} must be a non-empty list of positive numbers, e.g. {key} = [1e12, 3e12]")
+        raise ConfigError(f"{path}: sweep.{key} must be a non-empty list of positive numbers, "
+                          f"e.g. {key} = [1e12, 3e12]")
     return sorted(float(v) for v in values)
 
 
@@ -194,7 +195,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
                 skipped.append({"name": name, "reason": f"{steps} steps < sweep.min_steps ({min_steps})"})
                 continue
             if budget is not None and steps * tps > max_tokens:
-                skipped.append({"name": name, "reason": f"{steps * tps:,} tokens > sweep.max_tokens ({max_tokens:,.0f})"})
+                skipped.append({"name": name,
+                                "reason": f"{steps * tps:,} tokens > sweep.max_tokens ({max_tokens:,.0f})"})
                 continue
             if budget is not None and steps * tps < min_ratio * shape["params"]:
                 skipped.append({"name": name, "reason": f"{steps * tps / shape['params']:.2g} tokens per parameter < "
