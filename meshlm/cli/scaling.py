@@ -37,7 +37,7 @@ def default_plot_path(input_path: str) -> Path:
 
 def run_fit(args: argparse.Namespace) -> int:
     from meshlm.scaling.plot import plot_fit
-    from meshlm.scaling.report import fit_scaling, render_text
+    from meshlm.scaling.report import fit_scaling, json_safe, render_text
     from meshlm.scaling.rows import read_rows
 
     rows = read_rows(args.input, params_key=args.params_key)
@@ -46,7 +46,7 @@ def run_fit(args: argparse.Namespace) -> int:
     plot = plot_fit(result, Path(args.plot) if args.plot else default_plot_path(args.input), args.budget)
     doc = {**result.document, "params_key": args.params_key, "plot": str(plot)}
     if args.json:
-        emit(doc)
+        emit(json_safe(doc))  # NaN/inf (a degenerate fit) become null
     else:
         print(render_text(doc))
         print(f"plot: {plot}")

@@ -93,6 +93,17 @@ def fit_scaling(rows: Rows, *, budget: float | None = None, holdout: list[str] =
     return FitResult(rows, fitted, a3, a2, doc)
 
 
+def json_safe(value):
+    """The document with NaN/inf floats as null (strict JSON has no NaN): a degenerate fit's optimum, say."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def _ci(pair: list[float], fmt: str = "{:.3g}") -> str:
     return "[" + ", ".join(fmt.format(v) for v in pair) + "]"
 
