@@ -92,3 +92,14 @@ def test_resolved_config_reloads_and_a_used_run_dir_is_refused(tiny_run):
     cfg = load_align_config(run / "align.resolved.toml")
     with pytest.raises(CheckpointError, match="not empty"):
         run_pipeline(cfg, run, log=lambda msg: None)
+
+
+def test_resume_reuses_every_finished_stage_and_evaluation(tiny_run):
+    from meshlm.safety.pipeline import run_pipeline
+
+    run, report = tiny_run
+    logs: list[str] = []
+    again = run_pipeline(load_align_config(run / "align.resolved.toml"), run, resume=True, log=logs.append)
+    assert sum("reused" in line for line in logs) == 3 + 5  # base, sft, dpo; 5 evaluations
+    assert again["models"] == json.loads(json.dumps(report["models"]))
+    assert again["gates"] == report["gates"]
