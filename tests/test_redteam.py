@@ -177,7 +177,7 @@ def test_cli_writes_attacks_and_rejects_bad_input(tmp_path, capfd):
     bad.write_text('{"prompt": "x", "expected": "maybe"}\n')
     for args, message in ((["--prompts", str(prompts), "--families", "nope"], "unknown family 'nope'"),
                           (["--prompts", str(bad)], "bad.jsonl:1"),
-                          (["--prompts", str(tmp_path / "missing.jsonl")], "no such file")):
+                          (["--prompts", str(tmp_path / "missing.jsonl")], "does not exist")):
         code, _, err = _cli(capfd, "redteam", *args, "--out", str(tmp_path / "o.jsonl"))
         assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "o.jsonl").exists()

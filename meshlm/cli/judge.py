@@ -37,22 +37,13 @@ def register(sub, add_config_args) -> None:
 
 
 def read_jsonl(path: str | Path, required: tuple[str, ...]) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path} does not exist; give a JSONL file of {{{', '.join(required)}}} rows")
+    from meshlm.data.jsonl import iter_jsonl
+
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{number}: expected a JSON object")
+    for where, row in iter_jsonl(path, f"a JSONL file of {{{', '.join(required)}}} rows"):
         for key in required:
             if not isinstance(row.get(key), str):
-                raise DataError(f"{path}:{number}: {key!r} must be a string")
+                raise DataError(f"{where}: {key!r} must be a string")
         rows.append(row)
     if not rows:
         raise DataError(f"{path} has no rows")

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from meshlm.data.jsonl import iter_jsonl
 from meshlm.errors import DataError
 from meshlm.safety.metrics import HEADLINE, LABELS, evaluate_gates, parse_gates, summarize
 
@@ -25,18 +26,8 @@ GUARD_REFUSAL = "I can't help with that request."  # what the system returns whe
 
 def read_prompt_rows(path: str | Path) -> list[dict[str, Any]]:
     """Evaluation rows ``{"prompt", "expected", "category"?, "family"?, ...}`` from a JSONL file."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"prompts file {path} does not exist; give a JSONL file of {{prompt, expected}} rows")
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        rows.append(check_prompt_row(row, f"{path}:{number}"))
+    rows = [check_prompt_row(row, where)
+            for where, row in iter_jsonl(path, "a JSONL file of {prompt, expected} rows (the prompts file)")]
     if not rows:
         raise DataError(f"prompts file {path} has no rows")
     return rows
@@ -136,7 +127,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     """A human-readable report: the model alone and model + guard side by side, groups, gates."""
     systems = [("model alone", report)] + ([("model + guard", report["with_guard"])] if "with_guard" in report
                                            else [])
-    lines = [f"# Safety evaluation\n", f"judge: `{report.get('judge')}`" +
+    lines = ["# Safety evaluation\n", f"judge: `{report.get('judge')}`" +
              (f", guard: `{report['guard']}`" if report.get("guard") else "") + f", prompts: {report['n']}\n",
              "Rates with Wilson 95% intervals.\n", "| metric | " + " | ".join(n for n, _ in systems) + " |",
              "|---|" + "---|" * len(systems)]

@@ -17,7 +17,6 @@ rewrites the target does not refuse, retrying up to ``rounds`` times on the ones
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshlm.data.jsonl import iter_jsonl
 from meshlm.errors import DataError
 from meshlm.safety.attacks import FAMILIES, encoding_of, template_split
 
@@ -100,19 +100,9 @@ def seeds_from_spec(spec: Any, policies: Sequence[str] = ("refuse", "warn")) -> 
 def read_seed_prompts(path: str | Path, spec: Any | None = None) -> list[SeedPrompt]:
     """Rows ``{"prompt", "category"?, "expected"?}``; expected defaults to the category's policy in ``spec``,
     else ``refuse`` (a red-team seed is presumed harmful)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"--prompts {path}: no such file; give a JSONL file of {{\"prompt\": ...}} rows")
     out = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+    for where, row in iter_jsonl(path, "a JSONL file of {\"prompt\": ...} rows (--prompts)"):
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             raise DataError(f"{where}: each row needs a non-empty string \"prompt\"")
         category = row.get("category")
         policy = spec.categories[category].policy if spec is not None and category in spec.categories else None
