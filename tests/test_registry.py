@@ -14,12 +14,20 @@ from meshlm.errors import CheckpointError, ConfigError
 from meshlm.serve.registry import Registry, RegistryError, parse_ref, verify_files
 
 
-def make_checkpoints(root: Path) -> tuple[Path, Path]:
-    """Two checkpoints (steps 1 and 2, different random weights) of a `debug` model with a 512-token tokenizer:
-    no training run, so a module builds them in about a second."""
-    from meshlm.serve.fixtures import random_checkpoints
+def make_checkpoints(root: Path, dataset: Path) -> tuple[Path, Path]:
+    """The step-1 and step-2 checkpoints of a real (two-step) `debug` training run on the embedded corpus: what a
+    user registers and serves, garbage text and all."""
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.train.run_dir import init_run_dir
+    from meshlm.train.trainer import Trainer
 
-    step1, step2 = random_checkpoints(root)
+    cfg = load_config(None, [f'data.path="{dataset}"', "data.seq_len=32", "training.batch_size=4",
+                             "training.steps=2", "training.eval_interval=0", "checkpoint.interval=1",
+                             "metrics.interval=1", "metrics.progress=plain", "metrics.tensorboard=false"])
+    init_run_dir(root, config_to_toml(cfg), resume=False)
+    Trainer(cfg, root).train()
+    step1, step2 = (root / "checkpoints" / f"step-{step:08d}" for step in (1, 2))
+    assert step1.is_dir() and step2.is_dir()
     return step1, step2
 
 
@@ -29,8 +37,8 @@ def write_report(path: Path, passed: bool) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> tuple[Path, Path]:
-    return make_checkpoints(tmp_path_factory.mktemp("registry") / "run")
+def checkpoints(tmp_path_factory, debug_dataset) -> tuple[Path, Path]:
+    return make_checkpoints(tmp_path_factory.mktemp("registry") / "run", debug_dataset)
 
 
 def test_versions_hashes_gates(checkpoints, tmp_path):
@@ -46,7 +54,7 @@ def test_versions_hashes_gates(checkpoints, tmp_path):
     assert v2.weights_sha256 != v1.weights_sha256 and v3.weights_sha256 == v1.weights_sha256
     manifest = json.loads((step1 / "manifest.json").read_text())["files"]
     assert {k: m["sha256"] for k, m in manifest.items()}.items() <= v1.files.items()
-    assert v1.config["model"]["vocab_size"] == 512 and v1.created_by and v1.created_at.endswith("Z")
+    assert v1.config["model"]["vocab_size"] == 2048 and v1.created_by and v1.created_at.endswith("Z")
     assert (v1.gate_status, v1.servable) == ("passed", True)
     assert (v2.gate_status, v2.servable) == ("no report", False)
     assert (v3.gate_status, v3.servable) == ("failed", False)

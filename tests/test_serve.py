@@ -75,9 +75,9 @@ def wait_ready(server: Running, folder: Path, timeout: float = 180.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Stack:
+def stack(tmp_path_factory, debug_dataset) -> Stack:
     root = tmp_path_factory.mktemp("serve")
-    step1, step2 = make_checkpoints(root / "run")
+    step1, step2 = make_checkpoints(root / "run", debug_dataset)
     reg = Registry(root / "reg.sqlite")
     reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))  # tiny:v1, gates passed
     reg.add_checkpoint(step2, "tiny")  # tiny:v2, no safety report
