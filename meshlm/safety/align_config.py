@@ -60,10 +60,10 @@ class SFTSection:
 @dataclass
 class DPOSection:
     enabled: bool = option(True, "Run preference optimisation after SFT.")
-    steps: int = option(80, "DPO optimizer steps.")
+    steps: int = option(40, "DPO optimizer steps.")
     batch_size: int = option(8, "Preference pairs per step.")
-    lr: float = option(2e-4, "Peak learning rate.")
-    beta: float = option(0.1, "DPO beta.")
+    lr: float = option(5e-5, "Peak learning rate.")
+    beta: float = option(0.5, "DPO beta (larger keeps the policy closer to the SFT model).")
     loss_type: str = option("sigmoid", "objective.loss_type of the DPO run.",
                             choices=("sigmoid", "ipo", "hinge", "simpo", "orpo"))
 
