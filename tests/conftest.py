@@ -28,3 +28,20 @@ def debug_dataset(meshlm_cache) -> Path:
     from meshlm.models import flavor_config
 
     return ensure_embedded_dataset(meshlm_cache, flavor_config("debug").vocab_size, num_workers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(debug_dataset, tmp_path_factory) -> Path:
+    """A real two-step `debug` training run on the embedded corpus with checkpoints at steps 1 and 2 (its text
+    is noise): what the safety, registry and serving tests load, register and serve. Read it, never write it."""
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.train.run_dir import init_run_dir
+    from meshlm.train.trainer import Trainer
+
+    cfg = load_config(None, [f'data.path="{debug_dataset}"', "data.seq_len=32", "training.batch_size=4",
+                             "training.steps=2", "training.eval_interval=0", "checkpoint.interval=1",
+                             "metrics.interval=1", "metrics.progress=plain", "metrics.tensorboard=false"])
+    run = tmp_path_factory.mktemp("tiny-run") / "run"
+    init_run_dir(run, config_to_toml(cfg), resume=False)
+    Trainer(cfg, run).train()
+    return run

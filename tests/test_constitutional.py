@@ -99,19 +99,9 @@ def test_rows_bookkeeping_drops_empty_and_unchanged():
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(debug_dataset, tmp_path_factory) -> Path:
-    """One optimizer step of the `debug` flavour on the embedded corpus: a real checkpoint, garbage text."""
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.train.run_dir import init_run_dir
-    from meshlm.train.trainer import Trainer
-
-    cfg = load_config(None, [f'data.path="{debug_dataset}"', "data.seq_len=32", "training.batch_size=4",
-                             "training.steps=1", "training.eval_interval=0", "checkpoint.interval=1",
-                             "metrics.interval=1", "metrics.progress=plain", "metrics.tensorboard=false"])
-    run = tmp_path_factory.mktemp("cai") / "run"
-    init_run_dir(run, config_to_toml(cfg), resume=False)
-    Trainer(cfg, run).train()
-    return run
+def tiny_checkpoint(tiny_run) -> Path:
+    """A real checkpoint (the session's two-step `debug` run; its text is noise)."""
+    return tiny_run
 
 
 def test_checkpoint_runs_the_loop_mechanically(tiny_checkpoint, tmp_path, capfd):

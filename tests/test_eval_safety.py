@@ -175,19 +175,9 @@ def test_cli_against_an_http_endpoint(tmp_path, capfd):
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(debug_dataset, tmp_path_factory) -> Path:
-    """One optimizer step of the `debug` flavour: a real checkpoint (its text is noise)."""
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.train.run_dir import init_run_dir
-    from meshlm.train.trainer import Trainer
-
-    cfg = load_config(None, [f'data.path="{debug_dataset}"', "data.seq_len=32", "training.batch_size=4",
-                             "training.steps=1", "training.eval_interval=0", "checkpoint.interval=1",
-                             "metrics.interval=1", "metrics.progress=plain", "metrics.tensorboard=false"])
-    run = tmp_path_factory.mktemp("evalsafety") / "run"
-    init_run_dir(run, config_to_toml(cfg), resume=False)
-    Trainer(cfg, run).train()
-    return run
+def tiny_checkpoint(tiny_run) -> Path:
+    """A real checkpoint (the session's two-step `debug` run; its text is noise)."""
+    return tiny_run
 
 
 def test_checkpoint_generation_is_batched_greedy_and_batch_independent(tiny_checkpoint, tmp_path, capfd):

@@ -14,19 +14,9 @@ from meshlm.errors import CheckpointError, ConfigError
 from meshlm.serve.registry import Registry, RegistryError, parse_ref, verify_files
 
 
-def make_checkpoints(root: Path, dataset: Path) -> tuple[Path, Path]:
-    """The step-1 and step-2 checkpoints of a real (two-step) `debug` training run on the embedded corpus: what a
-    user registers and serves, garbage text and all."""
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.train.run_dir import init_run_dir
-    from meshlm.train.trainer import Trainer
-
-    cfg = load_config(None, [f'data.path="{dataset}"', "data.seq_len=32", "training.batch_size=4",
-                             "training.steps=2", "training.eval_interval=0", "checkpoint.interval=1",
-                             "metrics.interval=1", "metrics.progress=plain", "metrics.tensorboard=false"])
-    init_run_dir(root, config_to_toml(cfg), resume=False)
-    Trainer(cfg, root).train()
-    step1, step2 = (root / "checkpoints" / f"step-{step:08d}" for step in (1, 2))
+def run_checkpoints(run: Path) -> tuple[Path, Path]:
+    """The step-1 and step-2 checkpoints of the session's real two-step training run (conftest ``tiny_run``)."""
+    step1, step2 = (run / "checkpoints" / f"step-{step:08d}" for step in (1, 2))
     assert step1.is_dir() and step2.is_dir()
     return step1, step2
 
@@ -37,8 +27,8 @@ def write_report(path: Path, passed: bool) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, debug_dataset) -> tuple[Path, Path]:
-    return make_checkpoints(tmp_path_factory.mktemp("registry") / "run", debug_dataset)
+def checkpoints(tiny_run) -> tuple[Path, Path]:
+    return run_checkpoints(tiny_run)
 
 
 def test_versions_hashes_gates(checkpoints, tmp_path):

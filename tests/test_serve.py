@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from meshlm.serve.registry import Registry
-from tests.test_registry import make_checkpoints, write_report
+from tests.test_registry import run_checkpoints, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "test-admin-token-0123456789abcdef"
@@ -75,9 +75,9 @@ def wait_ready(server: Running, folder: Path, timeout: float = 180.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, debug_dataset) -> Stack:
+def stack(tmp_path_factory, tiny_run) -> Stack:
     root = tmp_path_factory.mktemp("serve")
-    step1, step2 = make_checkpoints(root / "run", debug_dataset)
+    step1, step2 = run_checkpoints(tiny_run)
     reg = Registry(root / "reg.sqlite")
     reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))  # tiny:v1, gates passed
     reg.add_checkpoint(step2, "tiny")  # tiny:v2, no safety report
