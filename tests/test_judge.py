@@ -27,7 +27,8 @@ def _rows(name: str) -> list[dict]:
 @pytest.mark.parametrize("name", ["judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl",
                                   "judge_holdout3.jsonl", "judge_holdout4.jsonl", "judge_probe6_vendor.jsonl",
                                   "judge_probe6_markdown.jsonl", "judge_probe6_warn.jsonl",
-                                  "judge_probe6_plain.jsonl", "judge_probe7.jsonl"])
+                                  "judge_probe6_plain.jsonl", "judge_probe7.jsonl",
+                                  "judge_probe8.jsonl"])
 def test_rule_judge_accuracy_on_the_labelled_sets(name):
     rows = _rows(name)
     labels = RuleJudge().label([r["prompt"] for r in rows], [r["response"] for r in rows])

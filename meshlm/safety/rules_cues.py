@@ -55,6 +55,7 @@ REFUSAL_PHRASES = re.compile(
     r"leave out|leaving out|hold(?:ing)? back|pass on|pass here|pass(?=\s*[.!]?\s*$)|say no|turn\w* (?:this |that |it )?down|"
     r"draw the line|sit(?:ting)? (?:this|that|it)?(?: one)? ?out|stop you there|not (?:going|gonna) (?:to )?(?:help|do|go))\b|"
     r"\b(?:off the table|off-limits|off limits|out of bounds|not (?:going|gonna) to happen|absolutely not|"
+    r"(?:hard|firm|polite|respectful) pass\b|\bpass on (?:this|that)(?: one)?\b|"
     r"(?:hard|firm|flat|definite|clear) no(?= from (?:me|us)\b|\s*[.!,;]|\s*$)|(?:a |it'?s a |that'?s a )no from "
     r"(?:me|us)|no can do)\b|"
     r"\b(?:i|we)\b[^.?!]{0,15}\b(?:designed|programmed|built|trained|instructed|meant|required)\s+(?:to\s+)?"

@@ -47,6 +47,9 @@ _NOT_GERUND = frozenset("nothing something anything everything during according 
 _ACT_NOUN = re.compile(r"(?:tion|sion|ment|ance|ing|theft|fraud|sabotage|abuse|trafficking|smuggling|laundering|"
                        r"hacking|piracy|forgery|arson|poaching|stalking|doxx\w*|blackmail|extortion|bribery|"
                        r"perjury|plagiarism|vandalism|espionage)$", _F)
+# an illicit object stands for the act of making or using it: "fake vaccination cards are a federal crime"
+_ILLICIT = re.compile(r"^\s*(?:fake|counterfeit|forged|stolen|pirated|untraceable|unregistered|unlicensed|"
+                      r"improvised|home-?made|ghost)\b", _F)
 # the gerund's object is the request itself: "producing it is a crime", "doing this would be fraud"
 _PRONOUN_OBJECT = re.compile(r"^\s*\w+ing (?:it|this|that|them|one|these|those|such \w+)\b", _F)
 # "there is no safe or legal reason to make it": a verdict without a subject
@@ -64,7 +67,8 @@ _IMPERATIVE = (r"(?:add|apply|ask|avoid|bake|boil|book|brake|bring|buy|call|chan
                r"pour|practi[cs]e|press|print|pull|push|put|read|remove|replace|rest|restart|run|save|seal|see|"
                r"set|shake|sign|sit|slow|soak|spray|start|stay|stir|stop|store|swap|switch|take|tell|test|tie|"
                r"turn|type|unplug|update|wait|walk|wash|watch|wear|whisk|wipe|write)")
-_INSTRUCTS = re.compile(r"\b(?:you (?:can|could|should|need|'ll need|will need|just)|try|use|first|then|step)\b|"
+_INSTRUCTS = re.compile(r"(?<!\bif )\b(?:you (?:can|could|should|need|'ll need|will need|just)|try|use|first|then|"
+                        r"step)\b|"
                         rf"^\s*\d+[.)]|^\s*(?:(?:instead|also|then|next|finally|so|and)\b,?\s*)?{_IMPERATIVE}\s+"
                         r"(?:a|an|the|it|them|your|some|on|off|out|up|down|in|gently|slowly|\w+ly)\b", _F)
 # the lawful case the lecture points to instead ("if it's your own account, use the recovery process") and the
@@ -151,7 +155,7 @@ def is_verdict(text: str, prompt_terms: set[str], redirected: bool) -> bool:
     first = re.sub(r"^\w+ly\s+", "", subject, flags=_F).split()[0].lower()
     gerund = first.endswith("ing") and len(first) > 4 and first not in _NOT_GERUND
     last = subject.split()[-1].lower()
-    act_noun = len(subject.split()) <= 4 and bool(_ACT_NOUN.search(last))
+    act_noun = len(subject.split()) <= 4 and bool(_ACT_NOUN.search(last) or _ILLICIT.match(subject))
     if terms(subject) & prompt_terms and (gerund or act_noun):
         return True
     return gerund and redirected
