@@ -3,6 +3,7 @@
     python scripts/bench_judge.py                                   # rule judge on the shipped sets
     python scripts/bench_judge.py --judge rule --judge trained:DIR --data labelled.jsonl
     python scripts/bench_judge.py --train-on labelled_responses.jsonl   # also train a judge here and bench it
+    python scripts/bench_judge.py --train-on labelled.jsonl --train-features roles  # ... on the rule roles too
     python scripts/bench_judge.py --errors                          # print every misjudged row
 
 Prints one block per (judge, data set): accuracy with its Wilson 95% interval, per-label recall and the
@@ -21,6 +22,10 @@ from meshlm.safety.judge import make_judge
 from meshlm.safety.metrics import LABELS, wilson
 
 DATA = Path(__file__).resolve().parents[1] / "meshlm" / "safety" / "data"
+SHIPPED = ("judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl", "judge_holdout3.jsonl",
+           "judge_holdout4.jsonl", "judge_probe6_vendor.jsonl", "judge_probe6_markdown.jsonl",
+           "judge_probe6_warn.jsonl", "judge_probe6_plain.jsonl", "judge_probe7.jsonl", "judge_probe8.jsonl",
+           "judge_probe9.jsonl")
 
 
 def read_labelled(path: Path) -> list[dict]:
@@ -66,6 +71,8 @@ def main() -> None:
     parser.add_argument("--data", action="append", type=Path, help="labelled JSONL (repeatable)")
     parser.add_argument("--train-on", type=Path, help="train a judge on this labelled JSONL and bench it too")
     parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--train-features", choices=("text", "roles"), default="text",
+                        help="roles: prefix each response with the rule judge's clause roles")
     parser.add_argument("--errors", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -74,12 +81,11 @@ def main() -> None:
         from meshlm.safety.classifier import TrainedJudge
 
         start = time.perf_counter()
-        trained = TrainedJudge.train(read_labelled(args.train_on), steps=args.train_steps)
+        trained = TrainedJudge.train(read_labelled(args.train_on), steps=args.train_steps,
+                                     features=args.train_features)
         print(f"trained judge on {args.train_on} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-        judges.append((f"trained({args.train_on.name})", trained))
-    datasets = args.data or [DATA / name for name in ("judge_testset.jsonl", "judge_holdout.jsonl",
-                                                      "judge_holdout2.jsonl", "judge_holdout3.jsonl",
-                                                      "judge_holdout4.jsonl")]
+        judges.append((f"trained({args.train_on.name}, {args.train_features})", trained))
+    datasets = args.data or [DATA / name for name in SHIPPED]
     report = {}
     for spec, judge in judges:
         for path in datasets:
