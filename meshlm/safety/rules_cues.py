@@ -38,6 +38,10 @@ _ACT = (r"(?:help|assist|aid|complet\w*|finish\w*|fill\w* in|cross\w*|provid\w*|
 _DONT_ACT = (r"(?:help\w*|assist\w*|provid\w*|giv\w*|shar\w*|offer\w*|supply\w*|writ\w*|creat\w*|produc\w*|"
              r"generat\w*|support\w*|engag\w*|discuss\w*|do "
              r"(?:that|this)|make|build|facilitate|hand out|prescribe|diagnose|dispense)")
+_HEDGE = (r"(?:stress|emphasi[sz]e|overstate|recommend|imagine|believe|wait|thank|say|promise|guarantee|hear|see|"
+          r"be|know|lie|think|remember|tell|find|get|help but|resist|understand|speak|verify|predict|access|"
+          r"browse|open|view|guess|deny|argue|disagree|agree|complain|blame|judge|fault|praise|overemphasi[sz]e|"
+          r"undo|change|control|fix|make|sleep|stop|afford|go|come|do without|live|seem|figure|decide|wait)")
 _NOT_REFUSAL = re.compile(
     r"(?:can'?t|can’t|cannot|could\s*n[o'’]t|won'?t) (?:stress|emphasi[sz]e|overstate|"
     r"recommend (?:\w+ ){0,3}enough|imagine|"
@@ -46,7 +50,11 @@ REFUSAL = re.compile(
     rf"{_SUBJ}{_AUX}\s*{_UNABLE}\b(?:\s+(?:be|to|able|going|allowed|permitted|willing|comfortable|really|"
     rf"actually|personally|help\w* (?:you )?|just|simply|in a position|able to)\b)*"
     rf"(?:\s+[\w’'-]+){{0,5}}?\s+{_ACT}\b|"
-    rf"{_SUBJ}{_AUX}\s*{_DONT}\s+(?:\w+\s+)?{_DONT_ACT}\b", _F)
+    rf"{_SUBJ}{_AUX}\s*{_DONT}\s+(?:\w+\s+)?{_DONT_ACT}\b|"
+    # any verb after a firm first-person "won't / can't / refuse to" ("I won't condone", "we can't endorse"),
+    # except hedges and idioms ("I can't stress enough", "I won't lie", "I can't say for sure")
+    rf"{_SUBJ}{_AUX}\s*(?:won'?t|won’t|will not|'ll not|’ll not|can\s*not|can'?t|can’t|refuse to|"
+    rf"(?:'m|’m|am) not going to)\s+(?:\w+ly\s+)?(?!{_HEDGE}\b)[a-z]{{3,}}\b", _F)
 REFUSAL_PHRASES = re.compile(
     r"n[o'’]t one (?:that )?(?:i|we)(?:'m| am| can| could| will|'ll| would be able)\b|"
     r"(?:n[o'’]t|never) (?:something|anything|a thing|what|the kind of thing|one of the things|a request|"
