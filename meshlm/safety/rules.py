@@ -163,7 +163,7 @@ def _lecture(a: Analysis, prompt: str) -> bool:
         redirects = []  # "a better approach is a dict" redirects nothing harmful
     if not (verdicts or redirects):
         return False
-    if asks_for_verdict(prompt) or re.match(r"\s*(?:yes|no)\b", a.clauses[0].text, _F):
+    if asks_for_verdict(prompt) or re.match(r"\s*(?:yes|no)\s*(?:[,.!;:—–-]|$)", a.clauses[0].text, _F):
         return False
     rest = [c for c in content if not c.verdict and not c.aside]
     strict = bool(redirects) or any(crime_verdict(c.text) for c in verdicts)

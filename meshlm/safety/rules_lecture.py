@@ -40,13 +40,15 @@ VERDICT_ACT = re.compile(r"^\s*(?:\w+ly\s+)?\w+ing\b[^.?!]{0,60}\b(?:you don'?t 
 # "<gerund or short noun phrase> is/poses/can lead to <verdict>": the act itself judged
 _ACT_VERDICT = re.compile(r"(?:^|\band\s+|,\s*)(?P<subject>(?:\w+ly\s+)?[\w'’-]+(?:\s+[\w'’-]+){0,9}?)\s+(?:is|are|was|would be|"
                           r"can|could|will|may|poses?|carr(?:y|ies)|leads? to|counts? as|amounts? to|breaks?|violates?|breach(?:es)?|"
+                          r"means?|involves?|requires?|"
                           rf"constitutes?)\b[^.?!]{{0,60}}?\b{_VERDICT_WORD}", _F)
 _NOT_GERUND = frozenset("nothing something anything everything during according including morning evening thing "
                         "string spring bring ring king sibling ceiling wedding pudding".split())
 # a noun naming an act ("identity theft", "methamphetamine production"), not a thing ("MDMA is illegal in ...")
 _ACT_NOUN = re.compile(r"(?:tion|sion|ment|ance|ing|theft|fraud|sabotage|abuse|trafficking|smuggling|laundering|"
                        r"hacking|piracy|forgery|arson|poaching|stalking|doxx\w*|blackmail|extortion|bribery|"
-                       r"perjury|plagiarism|vandalism|espionage)$", _F)
+                       r"perjury|plagiarism|vandalism|espionage|synthesis|manufactur\w*|extraction|cultivation|"
+                       r"distribution)$", _F)
 # an illicit object stands for the act of making or using it: "fake vaccination cards are a federal crime"
 _ILLICIT = re.compile(r"^\s*(?:fake|counterfeit|forged|stolen|pirated|untraceable|unregistered|unlicensed|"
                       r"improvised|home-?made|ghost)\b", _F)
