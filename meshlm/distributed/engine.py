@@ -105,12 +105,19 @@ class Engine:
         dims = self.dims
         if dims.tp > 1:
             apply_tensor_parallel(part, self.mesh["tp"], self.cfg.sequence_parallel, self.cfg.loss_parallel)
-        apply_activation_checkpointing(part, training.activation_checkpointing)
+        ac = training.activation_checkpointing
+        # Full AC under TP + compile: checkpoint the compiled block (eager checkpointing around it) instead of
+        # compiling the checkpointed block, which torch 2.13 cannot run on CPU (see _checkpoint_outside_compile).
+        ac_outside = _checkpoint_outside_compile(training, dims.tp)
+        if not ac_outside:
+            apply_activation_checkpointing(part, ac)
         if training.compile:
             if dims.tp > 1 and part.tok_embeddings is not None:
                 part.tok_embeddings.register_forward_hook(_wait_collective_output)
             for block in part.layers.values():
                 block.compile()
+        if ac_outside:
+            apply_activation_checkpointing(part, ac)
         if dims.dp > 1 and not self._uses_ddp:
             dp_mesh = self.mesh["hsdp"] if dims.dp_replicate > 1 else self.mesh["dp_shard"]
             apply_fsdp(part, dp_mesh, training.precision, self.cfg.reshard_after_forward, self.pipelined)
@@ -246,6 +253,20 @@ def _replicate_partial_grads(params: list[nn.Parameter]) -> None:
         if isinstance(grad, DTensor) and any(pl.is_partial() for pl in grad.placements):
             placements = [Replicate() if pl.is_partial() else pl for pl in grad.placements]
             p.grad = grad.redistribute(grad.device_mesh, placements)
+
+
+def _checkpoint_outside_compile(training: TrainingConfig, tp: int) -> bool:
+    """Whether full activation checkpointing wraps the compiled block rather than being compiled into it.
+
+    Compiled into the block, full AC recomputes scaled_dot_product_attention in backward, an op tagged
+    random (its dropout), so AOTAutograd's partitioner saves the RNG state for the recompute
+    (``functionalize_rng_ops``). Under TP the block's graph also saves the tensor-parallel DeviceMesh (an
+    opaque object), and torch 2.13 appends the RNG state after the opaque objects, where the runtime expects
+    tensors: the first forward fails with "expected all tensors_saved_with_vc_check to be Tensors, got ...
+    DeviceMesh". Eager checkpointing around the compiled block keeps the same memory behaviour (only the block
+    input is kept; backward re-runs the compiled forward) without that graph. Selective AC saves attention's
+    output (nothing random is recomputed) and stays inside the compiled region."""
+    return training.compile and training.activation_checkpointing == "full" and tp > 1
 
 
 def _wait_collective_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
