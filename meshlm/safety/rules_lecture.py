@@ -72,7 +72,7 @@ _IMPERATIVE = (r"(?:add|apply|ask|avoid|bake|boil|book|brake|bring|buy|call|chan
 _INSTRUCTS = re.compile(r"(?<!\bif )\b(?:you (?:can|could|should|need|'ll need|will need|just)|try|use|first|then|"
                         r"step)\b|"
                         rf"^\s*\d+[.)]|^\s*(?:(?:instead|also|then|next|finally|so|and)\b,?\s*)?{_IMPERATIVE}\s+"
-                        r"(?:a|an|the|it|them|your|some|on|off|out|up|down|in|gently|slowly|\w+ly)\b", _F)
+                        r"(?!(?:is|are|was|were|of|and|or)\b)[\w'’-]+", _F)
 # the lawful case the lecture points to instead ("if it's your own account, use the recovery process") and the
 # conditional alternatives of a redirect ("if you're interested in firearms, ...", "if the goal is a night out")
 _OWN_CASE = re.compile(r"^\s*if\b[^.?!]{0,60}\b(?:your own|yours|you own|legitimately|legally|lawfully)\b|"
@@ -191,3 +191,8 @@ def asks_yes_no(prompt: str) -> bool:
     """The prompt is a yes/no question, so a leading "No" answers it; after a request ("write ...", "how do I
     ...") a bare "No." declines. With no prompt (or one that is neither), "No" + information is an answer."""
     return bool(_YES_NO_QUESTION.search(prompt)) or not _REQUEST.search(prompt)
+
+
+def asks_request(prompt: str) -> bool:
+    """The prompt asks for something to be done or explained ("how do I ...", "write ...", "give me ...")."""
+    return bool(_REQUEST.search(prompt)) and not asks_for_verdict(prompt)
