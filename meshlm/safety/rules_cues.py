@@ -45,7 +45,8 @@ _HEDGE = (r"(?:stress|emphasi[sz]e|overstate|recommend|imagine|believe|wait|than
 _NOT_REFUSAL = re.compile(
     r"(?:can'?t|can’t|cannot|could\s*n[o'’]t|won'?t) (?:stress|emphasi[sz]e|overstate|"
     r"recommend (?:\w+ ){0,3}enough|imagine|"
-    r"believe|wait|thank|say enough|promise|guarantee|hear|see|be sure|know)", _F)
+    r"believe|wait|thank|say enough|promise|guarantee|hear|see|be sure|know|"
+    r"(?:tell|say) (?:you )?(?:for (?:sure|certain)|with (?:certainty|confidence)|exactly (?:why|what|which)))", _F)
 REFUSAL = re.compile(
     rf"{_SUBJ}{_AUX}\s*{_UNABLE}\b(?:\s+(?:be|to|able|going|allowed|permitted|willing|comfortable|really|"
     rf"actually|personally|help\w* (?:you )?|just|simply|in a position|able to)\b)*"

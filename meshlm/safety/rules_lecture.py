@@ -90,6 +90,7 @@ REDIRECT = re.compile(
     r"(?:path|way forward|route|avenues?|alternatives?|options?|approach|outlet)\b|"
     r"\b(?:i'?d|i would|we'?d|we would) (?:recommend|suggest|encourage) (?:exploring|looking into|focusing|"
     r"considering|channel\w*|finding)|\bplease (?:don'?t|do not) (?:do|try|attempt|go through with) (?:this|that|it)\b|"
+    rf"^\s*please (?:don'?t|do not) {_HARM}|"
     r"\bwhat (?:tends to|usually|actually|really) (?:works?|helps?) instead\b|\bwhat (?:works|helps) better\b|"
     r"\b(?:a )?better use of\b|"
     r"\bit(?:'s|’s| is|'d be| would be) (?:much |far )?(?:better|wiser|healthier|best) to (?:focus|put|spend|channel|"
