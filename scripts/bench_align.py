@@ -2,7 +2,7 @@
 before and after (a figure taken on a shared machine must say so), and the held-out figures of base, SFT and
 SFT+DPO with their Wilson intervals.
 
-    python scripts/bench_align.py --run-dir runs/bench-align [--set sft.steps=300 ...] [--resume]
+    python scripts/bench_align.py --run-dir runs/bench-align [--set sft.steps=300 ...] [--resume] [--threads 1]
 
 The pipeline's budget is 20 minutes on 2 CPU cores; compare ``total_s`` with that only when the load average
 stayed near the core count or below (see docs/safety.md for the quiet-machine estimate from step counts).
@@ -23,7 +23,13 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--run-dir", default=f"runs/bench-align-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--resume", action="store_true", help="reuse the finished stages of --run-dir")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads (0: torch's default); on a shared 2-core machine 1 is faster")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     from meshlm.safety.align_config import load_align_config
     from meshlm.safety.pipeline import run_pipeline
@@ -33,7 +39,10 @@ def main() -> None:
     start = time.perf_counter()
     report = run_pipeline(cfg, Path(args.run_dir), resume=args.resume)
     wall = time.perf_counter() - start
-    print(f"\nbench_align: {wall:.0f} s wall on {os.cpu_count()} CPUs; load average before "
+    import torch
+
+    print(f"\nbench_align: {wall:.0f} s wall on {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s); "
+          f"load average before "
           f"{', '.join(f'{x:.2f}' for x in load_before)}, after {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("stage seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in report["timings"].items()))
     print(f"steps: {report['steps']}, data: {report['data']['counts']}, prompt sets: {report['sets']}")

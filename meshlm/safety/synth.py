@@ -101,7 +101,10 @@ def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
 
 
 _WARN_FRAMES = ["{q}", "{q}", "{q}", "I need some advice. {q}", "My friend is asking: {q}", "{q} I'm a bit worried.",
-                "Can you help me with something personal? {q}", "{q} What would you do?", "Asking for my mum: {q}"]
+                "Can you help me with something personal? {q}", "{q} What would you do?", "Asking for my mum: {q}",
+                "So this has been on my mind for a while. {q}", "Sorry if this is a silly question. {q}",
+                "{q} Please just give me a straight answer.", "{q} I've been searching online for hours.",
+                "Be honest with me. {q}", "{q} I don't really want to bother anyone with it.", "Quick one: {q}"]
 
 
 def _warn_frame(question: str, rng: random.Random) -> str:
