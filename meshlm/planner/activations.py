@@ -202,8 +202,10 @@ def logits_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) ->
 def rank_activation_bytes(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int,
                           stages) -> tuple[float, dict[str, float]]:
     """Peak activations of a rank over a step: what its forwards hold at the start of each backward, plus its
-    batch. On the last pipeline stage each in-flight micro-batch also holds its logits (the stage's output,
-    kept until its backward); finished ones are freed (the engine runs the schedule with return_outputs=False)."""
+    batch. On the last pipeline stage the schedule keeps each in-flight micro-batch's output — its logits —
+    until its backward (finished ones are freed: the engine runs the schedule with return_outputs=False). The
+    chunked cross-entropy saves that very tensor (one storage, already in :func:`head_bytes`); only under loss
+    parallelism, whose cross-entropy saves a log-softmax instead, are the held logits a tensor of their own."""
     b = micro_batch(layout, training)
     local = training.global_batch // max(layout.dp, 1)
     batch = 2 * 8 * local * training.seq_len  # input ids + labels, int64
@@ -211,7 +213,8 @@ def rank_activation_bytes(spec: ModelSpec, layout: Layout, training: Training, p
     if layout.pp == 1:
         held, flights = per_stage[0], 1
     else:
-        logits = logits_bytes(spec, layout, training, b)
+        loss_parallel = layout.tp > 1 and layout.loss_parallel
+        logits = logits_bytes(spec, layout, training, b) if loss_parallel or spec.arch == "gpt" else 0.0
         last = [st.index == layout.num_stages - 1 for st in stages]
         held, flights = 0.0, 0
         for counts in held_counts(layout.pp_schedule, layout.microbatches, layout.pp, len_local(layout), pp_rank):

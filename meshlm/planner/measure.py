@@ -8,8 +8,11 @@
   saved outputs) and what the pipeline schedule holds. The peak over the step's backward starts is reported,
   so pipelined runs show their in-flight micro-batches;
 - total: the peak of all live tensor bytes over one training step (parameters, FSDP's gathered parameters,
-  gradients, optimizer state, activations, collective and temporary buffers); ``buffers`` is what the total
-  holds beyond the other four.
+  gradients, optimizer state, activations, collective and temporary buffers, the pipeline's receive buffers);
+- buffers: what that peak is made of beyond the parameters, the optimizer state, and the activations and
+  gradients alive at that moment (the storages that turn out to be ``.grad`` at the optimizer step) — a
+  decomposition of the peak itself, not the peak minus other kinds' own peaks (those fall at other moments:
+  a pipeline's first stage holds its most activations before any gradient exists).
 
 A ``TorchDispatchMode`` sees every op's outputs and tracks their storages by weak reference (storages keep one
 Python object each, so a weak reference dies exactly when the memory is freed). Ops that DTensor runs inside
@@ -108,10 +111,17 @@ def held_grad_bytes(parts: Iterable[nn.Module]) -> int:
 class MemoryMeter(TorchDispatchMode):
     """Live tensor bytes by kind over a region (one training step)."""
 
-    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
+                 persistent: Iterable[torch.Tensor] = ()) -> None:
+        """``persistent``: tensors allocated before the step and reused by it (the pipeline's receive buffers),
+        counted from the start as buffers."""
         super().__init__()
         self._live: dict[str, int] = {"static": 0, "activation": 0, "param_copy": 0, "other": 0}
         self._seen: set[int] = set()
+        self._info: dict[int, tuple[int, str, int]] = {}  # storage id -> (serial, kind, bytes) of live storages
+        self._serial = 0
+        self._grad_serials: set[int] = set()
+        self.at_peak: dict[str, Any] = {"activation": 0, "other": {}}
         self._param_storages: set[int] = set()
         self._resizable: list[weakref.ref] = []  # FSDP gathered params: counted at their current size
         self._in_backward = False
@@ -125,6 +135,8 @@ class MemoryMeter(TorchDispatchMode):
         for t in statics:
             self._track(local(t), "static")
             self._param_storages.add(id(local(t).untyped_storage()))
+        for t in persistent:
+            self._track(local(t), "other")
         for t in _gathered_params(parts):
             storage = t.untyped_storage()
             self._param_storages.add(id(storage))
@@ -140,12 +152,25 @@ class MemoryMeter(TorchDispatchMode):
         self._seen.add(key)
         nbytes = storage.nbytes()
         self._live[kind] += nbytes
+        self._serial += 1
+        self._info[key] = (self._serial, kind, nbytes)
         weakref.finalize(storage, self._release, key, kind, nbytes)
 
     def _release(self, key: int, kind: str, nbytes: int) -> None:
         self._seen.discard(key)
         self._param_storages.discard(key)
+        self._info.pop(key, None)
         self._live[kind] -= nbytes
+
+    def note_grads(self, grads: Iterable[torch.Tensor]) -> None:
+        """Name the storages that are gradients (known only at the optimizer step)."""
+        for g in grads:
+            info = self._info.get(id(local(g).untyped_storage()))
+            if info is not None:
+                self._grad_serials.add(info[0])
+
+    def grads_at_peak(self) -> int:
+        return sum(n for serial, n in self.at_peak["other"].items() if serial in self._grad_serials)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -165,7 +190,11 @@ class MemoryMeter(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(local(t), kind)
-        self.peak_total = max(self.peak_total, self.live_bytes())
+        live = self.live_bytes()
+        if live > self.peak_total:
+            self.peak_total = live
+            self.at_peak = {"activation": self._live["activation"],
+                            "other": {serial: n for serial, kind, n in self._info.values() if kind == "other"}}
         return out
 
     def _is_param(self, t: Any) -> bool:
@@ -215,9 +244,12 @@ class MemoryProbe:
         if self.meter is not None and self._grads is None:
             self.meter.forward_open = False
             self._grads = grad_bytes(self.trainer.model_parts)
+            self.meter.note_grads(p.grad for part in self.trainer.model_parts for p in part.parameters()
+                                  if p.grad is not None)
 
     def __enter__(self) -> MemoryProbe:
-        self.meter = MemoryMeter(self.trainer.model_parts, self.trainer.optimizers)
+        self.meter = MemoryMeter(self.trainer.model_parts, self.trainer.optimizers,
+                                 pipeline_buffers(self.trainer.engine.schedule))
         self.meter.__enter__()
         return self
 
@@ -232,7 +264,7 @@ class MemoryProbe:
             "activations_first_backward": meter.first_backward_activations or 0,
             "total": meter.peak_total,
         }
-        known = sum(self.result[k] for k in ("params", "grads", "optimizer", "activations"))
+        known = self.result["params"] + self.result["optimizer"] + meter.at_peak["activation"] + meter.grads_at_peak()
         self.result["buffers"] = max(self.result["total"] - known, 0)
 
     def write(self, run_dir: Path, comm: dict[str, Any]) -> Path:
@@ -243,6 +275,23 @@ class MemoryProbe:
         path = Path(run_dir) / f"memory_measured.rank{engine.rank}.json"
         path.write_text(json.dumps(record, indent=1))
         return path
+
+
+def pipeline_buffers(schedule) -> list[torch.Tensor]:
+    """The receive buffers of this rank's pipeline stages (activations in, gradients in): allocated in the first
+    step and reused. Private attributes of torch.distributed.pipelining: none if they moved, which only makes
+    ``buffers`` smaller."""
+    if schedule is None:
+        return []
+    stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
+    out = []
+    for stage in stages:
+        for infos in (*getattr(stage, "args_recv_info", {}).values(), *getattr(stage, "grad_recv_info", {}).values()):
+            for info in infos if isinstance(infos, tuple) else ():
+                buffer = getattr(info, "buffer", None)
+                if isinstance(buffer, torch.Tensor) and not getattr(info, "is_root_arg", False):
+                    out.append(buffer)
+    return out
 
 
 def _coords(engine) -> dict[str, int]:

@@ -10,11 +10,13 @@ Two accountings:
 
 Activations follow :mod:`meshlm.planner.activations` (constants derived from what autograd saves for our
 block); buffers are FSDP's gathered parameters and reduce-scatter input, DDP's gradient buckets, autocast's
-weight copies, the logits' gradient and the pipeline's receive buffers.
+weight copies, the pipeline's receive buffers and the backward's transient peak (the loss backward's logits
+gradient and chunk temporaries, or a block's first backward op, whichever is larger).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -202,6 +204,38 @@ def memory(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int | N
     return mem
 
 
+# Rows per chunk of meshlm's chunked cross-entropy (meshlm/objectives/pretrain.py CHUNK_ROWS; the planner
+# stays free of torch, a test keeps the two equal).
+CE_CHUNK_ROWS = 4096
+
+
+def logits_grad_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> float:
+    """The loss backward's peak beside the saved logits: the logits' gradient in the compute dtype and, with the
+    chunked cross-entropy, two fp32 (rows, V) temporaries of one chunk (logits − lse and its exp, alive
+    together); torch's cross-entropy on vocabulary shards (loss parallelism) keeps one fp32 softmax instead."""
+    s, cb = training.seq_len, training.compute_bytes
+    if layout.tp > 1 and layout.loss_parallel:
+        return b * s * spec.vocab_size / layout.tp * (4 + cb)
+    if spec.arch == "gpt":
+        return b * s * spec.vocab_size * (4 + cb)
+    return spec.vocab_size * (cb * b * s + 8 * min(b * s, CE_CHUNK_ROWS))
+
+
+def block_backward_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> float:
+    """A block's transient peak in backward, at its first op: the gradient of w2's input and SwiGLU's two input
+    gradients, three (b, s, f/t) tensors in the compute dtype (measured with the memory probe on the debug
+    model); with activation checkpointing, plus what the recompute re-creates for that one block (what no AC
+    would have saved beyond what the mode keeps)."""
+    if spec.arch == "gpt":
+        return 0.0
+    ws = 3 * training.compute_bytes * b * training.seq_len * spec.ffn_hidden_dim / layout.tp
+    if layout.activation_checkpointing != "none":
+        keep = act.block_bytes(spec, layout, training, b)
+        full = act.block_bytes(spec, dataclasses.replace(layout, activation_checkpointing="none"), training, b)
+        ws += full - keep
+    return ws
+
+
 def _accumulates(layout: Layout, training: Training) -> bool:
     """More than one forward/backward per optimizer step on a rank (gradient accumulation)."""
     return act.micro_batch(layout, training) < training.global_batch // max(layout.dp, 1)
@@ -238,9 +272,11 @@ def buffer_bytes(spec: ModelSpec, layout: Layout, training: Training, stages: li
         out["buffer:autocast_weight_copies"] = 2.0 * held.matmul
     b = act.micro_batch(layout, training)
     s = training.seq_len
-    if any(st.index == layout.num_stages - 1 for st in stages):
-        vocab = spec.vocab_size / layout.tp if layout.tp > 1 and layout.loss_parallel else spec.vocab_size
-        out["buffer:logits_grad"] = b * s * vocab * (4 + cb)
+    # The backward's transient peak: the loss backward's (last stage) or a block's, whichever is larger — they
+    # are never alive together.
+    loss_ws = logits_grad_bytes(spec, layout, training, b) if any(
+        st.index == layout.num_stages - 1 for st in stages) else 0.0
+    out["buffer:backward_transient"] = max(loss_ws, block_backward_bytes(spec, layout, training, b))
     if layout.pp > 1:
         m = layout.microbatches
         act_bytes = b * s * spec.dim * act.residual_bytes(layout, training)
