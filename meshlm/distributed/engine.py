@@ -1,10 +1,11 @@
 """The engine: owns the mesh and applies parallelism to a model built on the meta device, from outside, in this
 order: pipeline split → per stage: tensor parallel (+ sequence / loss parallel) → activation checkpointing →
-compile → FSDP2 / HSDP; then it materialises only this rank's shards (meshlm/distributed/init.py) and, for
-plain data parallelism, wraps the model in DDP. It also provides the reductions the trainer needs across data-parallel ranks and
-pipeline stages. With every degree 1 (single device) each step is a no-op and there is no process group.
+compile (full checkpointing under TP: compile, then checkpoint; see ``_checkpoint_outside_compile``) → FSDP2 /
+HSDP; then it materialises only this rank's shards (meshlm/distributed/init.py) and, for plain data
+parallelism, wraps the model in DDP. It also provides the reductions the trainer needs across data-parallel
+ranks and pipeline stages. With every degree 1 (single device) each step is a no-op and there is no process
+group.
 """
-
 from __future__ import annotations
 
 import contextlib
