@@ -6,6 +6,7 @@ parallelism, wraps the model in DDP. It also provides the reductions the trainer
 ranks and pipeline stages. With every degree 1 (single device) each step is a no-op and there is no process
 group.
 """
+
 from __future__ import annotations
 
 import contextlib
