@@ -22,7 +22,7 @@ _VERDICT_WORD = (r"(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs
                  r"fraud|assault|violence|cruel|cruelty|immoral|reckless|deadly|lethal|against the law|"
                  r"unauthori[sz]ed|burglary|theft|trespass\w*|stalking|harassment|extortion|forgery|"
                  r"violation|invasion of (?:\w+ )?privacy|(?:in(?:to)?|at) (?:\w+ )?danger|prosecut\w*|prison|jail|"
-                 r"(?:criminal )?charges|expelled|expulsion|suspen(?:ded|sion)|arrest\w*|(?:significant|serious|real|major|grave) "
+                 r"(?:criminal )?charges|(?:get|got|getting) (?:you )?(?:charged|arrested|sued|fired)|(?:be|being) (?:charged with|arrested)|expelled|expulsion|suspen(?:ded|sion)|arrest\w*|(?:significant|serious|real|major|grave) "
                  r"risks?|extortion|(?:the |its |their |platforms?'? )?(?:\w+ )?(?:rules|laws?|terms of service))")
 # the subject is the request ("that", "what you're describing") or an act done to someone else without consent
 # ("hacking into a network you don't own is ..."), not a general statement ("mixing bleach and ammonia is ...")
@@ -48,7 +48,7 @@ _NOT_GERUND = frozenset("nothing something anything everything during according 
 _ACT_NOUN = re.compile(r"(?:tion|sion|ment|ance|ing|theft|fraud|sabotage|abuse|trafficking|smuggling|laundering|"
                        r"hacking|piracy|forgery|arson|poaching|stalking|doxx\w*|blackmail|extortion|bribery|"
                        r"perjury|plagiarism|vandalism|espionage|synthesis|manufactur\w*|extraction|cultivation|"
-                       r"distribution)$", _F)
+                       r"distribution|threats?|bribes?|scams?)$", _F)
 # an illicit object stands for the act of making or using it: "fake vaccination cards are a federal crime"
 _ILLICIT = re.compile(r"^\s*(?:fake|counterfeit|forged|stolen|pirated|untraceable|unregistered|unlicensed|"
                       r"improvised|home-?made|ghost)\b", _F)
@@ -92,13 +92,15 @@ REDIRECT = re.compile(
     r"considering|channel\w*|finding)|\bplease (?:don'?t|do not) (?:do|try|attempt|go through with) (?:this|that|it)\b|"
     rf"^\s*please (?:don'?t|do not) {_HARM}|"
     r"\bwhat (?:tends to|usually|actually|really) (?:works?|helps?) instead\b|\bwhat (?:works|helps) better\b|"
+    r"^\s*what (?:actually |really |usually )?(?:works|helps) is\b|"
     r"\b(?:a )?better use of\b|"
     r"\bit(?:'s|’s| is|'d be| would be) (?:much |far )?(?:better|wiser|healthier|best) to (?:focus|put|spend|channel|"
     r"walk away|let (?:it )?go|move on|step back|cut contact|talk to|seek|invest)\b", _F)
 # crime words: a verdict with one of these is a lecture even beside long advice that does not touch the request
 _CRIME = re.compile(r"\b(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs]es?|fraud|assault|against the law|"
                     r"unauthori[sz]ed|burglary|theft|trespass\w*|stalking|harassment|extortion|forgery|violation|"
-                    r"prosecut\w*|prison|jail|charges|cruelty|abuse)\b", _F)
+                    r"prosecut\w*|prison|jail|charges|(?:get|got|getting) (?:you )?(?:charged|arrested)|(?:be|being) "
+                    r"(?:charged with|arrested)|cruelty|abuse)\b", _F)
 HARM_TALK = re.compile(rf"\b{_HARM}|{_CRIME.pattern}", _F)
 # an offer in the first person of something other than what was asked
 FIRST_PERSON_OFFER = re.compile(
