@@ -22,6 +22,7 @@ from torch import nn
 
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
+from meshlm.models.fused import apply_rope_fused, fused_linear, rms_norm, rope_tables, swiglu, use_fast_path
 
 
 class RMSNorm(nn.Module):
@@ -33,6 +34,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_fast_path(x, self.weight):
+            return rms_norm(x, self.weight, self.eps)  # the same formula, fewer ops and saved tensors
         # torch's rms_norm: a fused kernel on CUDA; on CPU the same ops as x·rsqrt(mean(x²) + eps) (bitwise equal,
         # checked in tests/test_fast_paths.py). The weight multiplies after the cast back, as in HF's Llama.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
@@ -80,18 +83,27 @@ def precompute_rope(cfg: ModelConfig, seq_len: int,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (x[i], x[i + Dh/2]) by the angles in cos/sin. x: (B, T, H, Dh); cos, sin: (T, Dh/2) shared by the
-    batch, or (B, T, Dh/2) per row (explicit position ids, e.g. restarting per packed document)."""
+    """Rotate (x[i], x[i + Dh/2]) by the angles in cos/sin. x: (B, T, H, Dh); cos, sin: half-width (T, Dh/2)
+    shared by the batch or (B, T, Dh/2) per row (explicit position ids, e.g. restarting per packed document), or
+    the full-width tables of :func:`~meshlm.models.fused.rope_tables` ((T, Dh) or (B, T, Dh))."""
+    if cos.shape[-1] * 2 == x.shape[-1]:
+        cos, sin = rope_tables(cos, sin)
+    cos2, sin2 = _broadcast_tables(cos, sin)  # (B|1, T, 1, Dh)
+    if use_fast_path(x):
+        return apply_rope_fused(x, cos2, sin2)
     xf = x.float()  # rotated in fp32, cast back (no copy when x is fp32)
     x1, x2 = xf.chunk(2, dim=-1)  # (B, T, H, Dh/2) each
-    if cos.dim() == 2:
-        cos, sin = cos[None], sin[None]  # (1, T, Dh/2)
     # (x1 cos − x2 sin, x2 cos + x1 sin) as two full-width products, x·(cos, cos) + (x2, x1)·(−sin, sin): the same
     # roundings (negation is exact), half the element-wise ops of four half-width products and their backward.
-    cos2 = torch.cat((cos, cos), dim=-1)[:, :, None, :].float()  # (B|1, T, 1, Dh)
-    sin2 = torch.cat((-sin, sin), dim=-1)[:, :, None, :].float()  # (B|1, T, 1, Dh)
     rotated = xf * cos2 + torch.cat((x2, x1), dim=-1) * sin2  # (B, T, H, Dh)
     return rotated.type_as(x)
+
+
+def _broadcast_tables(cos2: torch.Tensor, sin2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width (T, Dh) or (B, T, Dh) tables -> (B|1, T, 1, Dh), broadcasting over heads."""
+    if cos2.dim() == 2:
+        cos2, sin2 = cos2[None], sin2[None]
+    return cos2[:, :, None, :], sin2[:, :, None, :]
 
 
 # ------------------------------------------------------------------------------------------------ KV cache
@@ -141,15 +153,17 @@ class Attention(nn.Module):
         """``mask``: None for plain causal attention, else a boolean (B|1, 1, T, S) mask, True = may attend
         (see :func:`attention_mask`). It is a keyword so tensor-parallel input plans keep their 5-tuple."""
         B, T, _ = x.shape
-        # Head counts come from the projections' outputs (-1), not from the config: tensor parallelism shards
-        # wq/wk/wv by output rows (whole heads), so each rank sees only its local heads. Inferring from the
-        # activation also works when the weights are DTensors, whose .shape is the global one.
-        q = self.wq(x).view(B, T, -1, self.head_dim)  # (B, T, H, Dh)
-        k = self.wk(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
-        v = self.wv(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self._fused_qkv(x, cos, sin) if use_fast_path(x) else (None, None, None)
+        if q is None:
+            # Head counts come from the projections' outputs (-1), not from the config: tensor parallelism
+            # shards wq/wk/wv by output rows (whole heads), so each rank sees only its local heads. Inferring
+            # from the activation also works when the weights are DTensors, whose .shape is the global one.
+            q = self.wq(x).view(B, T, -1, self.head_dim)  # (B, T, H, Dh)
+            k = self.wk(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
+            v = self.wv(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
         if cache is not None:
             k, v = cache.update(start_pos, k, v)  # (B, Hkv, S, Dh), S = start_pos + T
@@ -159,6 +173,22 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
+    def _fused_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Fast path: q, k, v (B, T, H|Hkv, Dh) from one matmul; (None, None, None) where it does not apply.
+        RoPE turns q, and k with v passed through: q and (k, v) then own two new tensors, as the composite
+        path's q, k and v do (the planner counts them), and the projection's output is freed."""
+        B, T, _ = x.shape
+        qkv = fused_linear(x, [self.wq, self.wk, self.wv])
+        if qkv is None:
+            return None, None, None
+        n_q, n_kv = self.wq.out_features // self.head_dim, self.wk.out_features // self.head_dim
+        qkv = qkv.view(B, T, n_q + 2 * n_kv, self.head_dim)  # (B, T, H + 2·Hkv, Dh)
+        q, kv = qkv.split([n_q, 2 * n_kv], dim=2)
+        if self.q_norm is not None:  # per head, before RoPE (Qwen3)
+            q, kv = self.q_norm(q), torch.cat((self.k_norm(kv[:, :, :n_kv]), kv[:, :, n_kv:]), dim=2)
+        q = apply_rope_fused(q, *_broadcast_tables(*rope_tables(cos, sin)))
+        kv = apply_rope_fused(kv, *_broadcast_tables(*rope_tables(cos, sin)), n_kv)
+        return (q, *kv.split([n_kv, n_kv], dim=2))
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -233,6 +263,10 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_fast_path(x):
+            h = fused_linear(x, [self.w1, self.w3])  # (B, T, 2F): one matmul for gate and up
+            if h is not None:
+                return self.w2(swiglu(h))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, F) inside, (B, T, D) out
 
 
