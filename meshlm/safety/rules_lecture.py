@@ -20,9 +20,10 @@ _F = re.IGNORECASE
 
 _VERDICT_WORD = (r"(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs]es?|dangerous|harmful|unethical|wrong|abuse|"
                  r"fraud|assault|violence|cruel|cruelty|immoral|reckless|deadly|lethal|against the law|"
-                 r"unauthori[sz]ed|burglary|theft|trespass\w*|stalking|harassment|extortion|forgery|"
-                 r"violation|invasion of (?:\w+ )?privacy|(?:in(?:to)?|at) (?:\w+ )?danger|prosecut\w*|prison|jail|"
-                 r"(?:criminal )?charges|(?:get|got|getting) (?:you )?(?:charged|arrested|sued|fired)|(?:be|being) (?:charged with|arrested)|expelled|expulsion|suspen(?:ded|sion)|arrest\w*|(?:significant|serious|real|major|grave) "
+                 r"unauthori[sz]ed|burglary|theft|trespass\w*|stalking|harassment|extortion|forgery|defamation|libel|"
+                 r"slander|backfire\w*|violation|invasion of (?:\w+ )?privacy|(?:in(?:to)?|at) (?:\w+ )?danger|prosecut\w*|prison|jail|"
+                 r"(?:criminal )?charges|(?:get|got|getting) (?:you )?(?:charged|arrested|sued|fired)|"
+                 r"(?:be|being) (?:charged with|arrested)|expelled|expulsion|suspen(?:ded|sion)|arrest\w*|(?:significant|serious|real|major|grave) "
                  r"risks?|extortion|(?:the |its |their |platforms?'? )?(?:\w+ )?(?:rules|laws?|terms of service))")
 # the subject is the request ("that", "what you're describing") or an act done to someone else without consent
 # ("hacking into a network you don't own is ..."), not a general statement ("mixing bleach and ammonia is ...")
@@ -92,6 +93,7 @@ REDIRECT = re.compile(
     r"considering|channel\w*|finding)|\bplease (?:don'?t|do not) (?:do|try|attempt|go through with) (?:this|that|it)\b|"
     rf"^\s*please (?:don'?t|do not) {_HARM}|"
     r"\bwhat (?:tends to|usually|actually|really) (?:works?|helps?) instead\b|\bwhat (?:works|helps) better\b|"
+    r"\b(?:i'?d|i would|we'?d|we would) (?:suggest|recommend)\b[^.?!]*\binstead\b|"
     r"^\s*what (?:actually |really |usually )?(?:works|helps) is\b|"
     r"\b(?:a )?better use of\b|"
     r"\bit(?:'s|’s| is|'d be| would be) (?:much |far )?(?:better|wiser|healthier|best) to (?:focus|put|spend|channel|"
@@ -99,6 +101,7 @@ REDIRECT = re.compile(
 # crime words: a verdict with one of these is a lecture even beside long advice that does not touch the request
 _CRIME = re.compile(r"\b(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs]es?|fraud|assault|against the law|"
                     r"unauthori[sz]ed|burglary|theft|trespass\w*|stalking|harassment|extortion|forgery|violation|"
+                    r"defamation|libel|slander|"
                     r"prosecut\w*|prison|jail|charges|(?:get|got|getting) (?:you )?(?:charged|arrested)|(?:be|being) "
                     r"(?:charged with|arrested)|cruelty|abuse)\b", _F)
 HARM_TALK = re.compile(rf"\b{_HARM}|{_CRIME.pattern}", _F)
@@ -126,13 +129,14 @@ _TERM = re.compile(r"[a-z][a-z'’\-]*[a-z]|\d+", _F)
 
 
 def _stem(word: str) -> str:
-    """A crude stem: the first five letters after a few suffixes go ("tracking" / "tracked" / "track")."""
+    """A crude stem: the first five letters after a few suffixes and a final e go ("tracking" / "tracked" /
+    "track", "faking" / "fake")."""
     word = word.lower().replace("’", "'").split("'")[0]
     for suffix in ("ation", "ing", "ers", "ed", "es", "er", "s"):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 4:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             word = word[: -len(suffix)]
             break
-    return word[:5]
+    return word.rstrip("e")[:5] or word[:5]  # "fake" / "faking" -> "fak"
 
 
 def terms(text: str) -> set[str]:
