@@ -40,7 +40,8 @@ def _cfg(dataset, *overrides: str):
     return load_config(None, [*base, *overrides])
 
 
-def _run(cfg, run_dir) -> list[tuple[float, float]]:
+def _run(cfg, run_dir) -> tuple[list[tuple[float, float]], Trainer]:
+    """STEPS training steps: (loss, grad norm) per step, and the trainer."""
     init_run_dir(run_dir, config_to_toml(cfg), resume=False)
     trainer = Trainer(cfg, run_dir)
     rows = []
