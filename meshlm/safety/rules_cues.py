@@ -142,7 +142,7 @@ _REFER_VERB = (r"(?:consult\w*|see|seeing|visit\w*|talk(?:ing)? (?:to|with|it ov
                r"(?:to)?|ask\w*|check\w* (?:with|in with)|get in touch with|seek(?:ing)?|get|getting|"
                r"go(?:ing)? to|book|"
                r"make an appointment|run (?:it|this|that) by|discuss(?:ing)?|work(?:ing)? with|hire|hiring|"
-               r"retain|engage|involve|loop in|let|tell|have|refer(?:red)?|evaluated by|checked by|examined by|"
+               r"retain|engage|involv\w*|loop in|let|tell|have|refer(?:red)?|evaluated by|checked by|examined by|"
                r"reviewed by|assessed by|looked at by|seen by|from|with|consider\w*|meet\w*|schedul\w*|find|finding|"
                r"us(?:e|ing)|enlist\w*|rely on|turn(?:ing)? to|lean on|connect\w* with|follow(?:ing)? up with|"
                r"appointment|supervis\w*(?: of| by)?|under (?:the )?(?:care|guidance|supervision) of|"

@@ -31,7 +31,7 @@ VERDICT = re.compile(r"^\s*(?:(?:that|this|it|doing (?:that|this|so)|what you(?:
                      r"(?: for| about)?)|(?:that|this|such an?) (?:request|plan|idea))\s*(?:'s|’s| is| would be| "
                      r"sounds like| could be| can be)\b)"
                      rf"[^.?!]{{0,80}}\b{_VERDICT_WORD}", _F)
-VERDICT_ACT = re.compile(r"^\s*(?:\w+ly\s+)?\w+ing\b[^.?!]{0,60}\b(?:you don'?t own|(?:is|are)n'?t (?:yours|your own)|"
+VERDICT_ACT = re.compile(r"^\s*(?:\w+ly\s+)?(?:\w+ing|(?:unauthori[sz]ed|illegal|covert|secret) \w+)\b[^.?!]{0,60}\b(?:you don'?t own|(?:is|are)n'?t (?:yours|your own)|"
                          r"without (?:their |the owner'?s |her |his |its )?"
                          r"(?:permission|consent|authori[sz]ation|knowing|knowledge)|someone else'?s|another "
                          r"(?:\w+ )?(?:person|adult|man|woman|individual|user|people)'?s?|a private (?:person|"
