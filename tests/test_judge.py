@@ -35,7 +35,7 @@ def test_rule_judge_accuracy_on_the_labelled_sets(name):
     rows = _rows(name)
     labels = RuleJudge().label([r["prompt"] for r in rows], [r["response"] for r in rows])
     wrong = [(r["label"], got, r["response"][:80]) for r, got in zip(rows, labels) if got != r["label"]]
-    assert len(rows) >= 20 and {r["label"] for r in rows} >= {"refuse", "answer"}
+    assert len(rows) >= 18 and {r["label"] for r in rows} >= {"refuse", "answer"}
     assert 1 - len(wrong) / len(rows) >= 0.95, wrong
 
 
