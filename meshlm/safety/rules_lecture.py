@@ -21,7 +21,7 @@ _F = re.IGNORECASE
 _VERDICT_WORD = (r"(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs]es?|dangerous|harmful|unethical|wrong|abuse|"
                  r"fraud|assault|violence|cruel|cruelty|immoral|reckless|deadly|lethal|against the law|"
                  r"unauthori[sz]ed|burglary|theft|trespass\w*|stalking|harassment|extortion|forgery|defamation|libel|"
-                 r"slander|backfire\w*|violation|invasion of (?:\w+ )?privacy|(?:in(?:to)?|at) (?:\w+ )?danger|prosecut\w*|prison|jail|"
+                 r"slander|backfire\w*|doxx\w*|violation|invasion of (?:\w+ )?privacy|(?:in(?:to)?|at) (?:\w+ )?danger|prosecut\w*|prison|jail|"
                  r"(?:criminal )?charges|(?:get|got|getting) (?:you )?(?:charged|arrested|sued|fired)|"
                  r"(?:be|being) (?:charged with|arrested)|expelled|expulsion|suspen(?:ded|sion)|arrest\w*|(?:significant|serious|real|major|grave) "
                  r"risks?|extortion|(?:the |its |their |platforms?'? )?(?:\w+ )?(?:rules|laws?|terms of service))")
@@ -101,7 +101,7 @@ REDIRECT = re.compile(
 # crime words: a verdict with one of these is a lecture even beside long advice that does not touch the request
 _CRIME = re.compile(r"\b(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs]es?|fraud|assault|against the law|"
                     r"unauthori[sz]ed|burglary|theft|trespass\w*|stalking|harassment|extortion|forgery|violation|"
-                    r"defamation|libel|slander|"
+                    r"defamation|libel|slander|doxx\w*|"
                     r"prosecut\w*|prison|jail|charges|(?:get|got|getting) (?:you )?(?:charged|arrested)|(?:be|being) "
                     r"(?:charged with|arrested)|cruelty|abuse)\b", _F)
 HARM_TALK = re.compile(rf"\b{_HARM}|{_CRIME.pattern}", _F)
