@@ -66,7 +66,7 @@ def tiny_run(tmp_path_factory):
 def test_tiny_pipeline_writes_every_stage_and_a_side_by_side_report(tiny_run):
     run, report = tiny_run
     for name in ("data/sft.jsonl", "data/preference.jsonl", "data/manifest.json", "report.json", "report.md",
-                 "plots/safety.png", "align.resolved.toml"):
+                 "plots/safety.png", "align.resolved.toml", "data/preference_on_policy.jsonl"):
         assert (run / name).is_file(), name
     for stage in ("base", "sft", "dpo"):
         assert (run / stage / "checkpoints").is_dir()
@@ -100,6 +100,6 @@ def test_resume_reuses_every_finished_stage_and_evaluation(tiny_run):
     run, report = tiny_run
     logs: list[str] = []
     again = run_pipeline(load_align_config(run / "align.resolved.toml"), run, resume=True, log=logs.append)
-    assert sum("reused" in line for line in logs) == 3 + 5  # base, sft, dpo; 5 evaluations
+    assert sum("reused" in line for line in logs) == 4 + 5  # base, sft, on-policy pairs, dpo; 5 evaluations
     assert again["models"] == json.loads(json.dumps(report["models"]))
     assert again["gates"] == report["gates"]

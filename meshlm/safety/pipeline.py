@@ -88,10 +88,33 @@ def train_sft(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resu
     return _train(raw, run_dir, resume, log)
 
 
-def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log) -> Path:
+def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: Log) -> Path:
+    """``data/preference_on_policy.jsonl`` (see :mod:`meshlm.safety.onpolicy`), or ``preference.jsonl`` when
+    ``dpo.on_policy_prompts`` is 0."""
+    d = cfg.dpo
+    if not d.on_policy_prompts:
+        return data / "preference.jsonl"
+    from meshlm.safety.evaluate import checkpoint_generator
+    from meshlm.safety.judge import RuleJudge
+    from meshlm.safety.onpolicy import write_on_policy_preferences
+
+    out, summary = data / "preference_on_policy.jsonl", data / "on_policy.json"
+    if resume and out.is_file() and summary.is_file():
+        log(f"on-policy pairs: reused {out}")
+        return out
+    generate = checkpoint_generator(sft, max_new_tokens=cfg.eval.max_new_tokens)
+    counts = write_on_policy_preferences(data, out, generate, RuleJudge().label, prompts=d.on_policy_prompts,
+                                         offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size)
+    atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
+    log(f"on-policy pairs: {counts}")
+    return out
+
+
+def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log,
+              pairs: Path | None = None) -> Path:
     d = cfg.dpo
     raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len,
-           "path": str(data / "preference.jsonl")}, "optimizer": {"lr": d.lr}, "schedule": {"warmup_steps": 5},
+           "path": str(pairs or data / "preference.jsonl")}, "optimizer": {"lr": d.lr}, "schedule": {"warmup_steps": 5},
            "training": {"objective": "dpo", "steps": d.steps, "batch_size": d.batch_size, "eval_interval": 0},
            "objective": {"loss_type": d.loss_type, "beta": d.beta, "reference": "model", "eval_fraction": 0.02},
            "checkpoint": {**_common(cfg)["checkpoint"], "init_from": str(init_from)}}  # fmt: skip
@@ -198,7 +221,10 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     timings["sft_s"] = time.perf_counter() - t
     if cfg.dpo.enabled:
         t = time.perf_counter()
-        checkpoints["dpo"] = train_dpo(cfg, data, checkpoints["sft"], run_dir / "dpo", resume, log)
+        pairs = on_policy_data(cfg, data, checkpoints["sft"], resume, log)
+        timings["on_policy_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        checkpoints["dpo"] = train_dpo(cfg, data, checkpoints["sft"], run_dir / "dpo", resume, log, pairs)
         timings["dpo_s"] = time.perf_counter() - t
     t = time.perf_counter()
     sets = evaluation_sets(cfg, data)
@@ -214,6 +240,9 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
         timings[f"eval_{name}_s"] = time.perf_counter() - t_model
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
+    on_policy = data / "on_policy.json"
+    if cfg.dpo.enabled and cfg.dpo.on_policy_prompts and on_policy.is_file():
+        manifest = {**manifest, "on_policy": json.loads(on_policy.read_text())}
     report = {"config": json.loads(json.dumps(cfg, default=lambda o: o.__dict__)), "data": manifest,
               "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "final_model": final,
               "timings": timings, "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
