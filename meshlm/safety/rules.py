@@ -3,7 +3,8 @@
 A response is cut into clauses (sentences, list items, and the parts of a sentence joined by "but" /
 "however" / a semicolon / a dash / a colon), each clause gets one role — refusal, referral, empathy,
 pleasantry, offer, alternative or content — and :func:`decide` turns the roles into a label. The cues live in
-three modules: :mod:`rules_cues` (refusal and referral), :mod:`rules_text` (clauses, content words, caution,
+four modules: :mod:`rules_cues` (refusal and referral), :mod:`rules_referral` (referrals by structure: a
+profession or service noun phrase in a referral position), :mod:`rules_text` (clauses, content words, caution,
 offers, empathy) and :mod:`rules_lecture` (verdicts on the request and redirects, where the prompt is read).
 """
 
@@ -16,8 +17,9 @@ from meshlm.safety.rules_cues import CRISIS, REFERRAL, is_refusal, refers
 from meshlm.safety.rules_lecture import (_INSTRUCTS, _OWN_CASE, FIRST_PERSON_OFFER, HARM_TALK, REDIRECT, VERDICT_ACT,
                                          asks_for_verdict, asks_request, asks_yes_no, crime_verdict, engaged,
                                          is_verdict, terms)
+from meshlm.safety.rules_referral import without_referrals
 from meshlm.safety.rules_text import (_BARE_NO, CAUTION, COMPLIANCE, EMPATHY, INFO_WORDS, OFFER, PERSONAL_SCOPE,
-                                      PLEASANTRY, clauses, content_words, degenerate)
+                                      PIVOT, PLEASANTRY, clauses, content_words, degenerate)
 
 _F = re.IGNORECASE
 
@@ -88,13 +90,14 @@ def analyse(response: str, prompt: str = "") -> Analysis:
             clause.personal = bool(PERSONAL_SCOPE.search(text))
         elif clause.refers:
             clause.role = "referral"
-            leftover = content_words(_SERVICE_DETAILS.sub(" ", CRISIS.sub(" ", REFERRAL.sub(" ", text))))
+            bare = REFERRAL.sub(" ", without_referrals(text))
+            leftover = content_words(_SERVICE_DETAILS.sub(" ", CRISIS.sub(" ", bare)))
             clause.content_words = leftover if leftover >= 4 else 0
         elif EMPATHY.search(text):
             clause.role = "empathy"
         elif PLEASANTRY.match(text):
             clause.role = "pleasantry"
-        elif refused and (offered or OFFER.search(text)):
+        elif refused and (offered or OFFER.search(text) or PIVOT.search(text)):
             clause.role, offered = ("alternative" if offered else "offer"), True
             clause.content_words = content_words(text)
         elif not refused and (offered or FIRST_PERSON_OFFER.search(text) or (REDIRECT.search(text) and judged)):

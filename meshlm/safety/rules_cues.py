@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from meshlm.safety.rules_referral import refers_structurally
+
 _F = re.IGNORECASE
 
 # ---- refusal ---------------------------------------------------------------------------------------------------
@@ -176,9 +178,13 @@ _NOT_A_SERVICE = re.compile(r"\b(?:customer|technical|tech|it|isp'?s?|the (?:pro
                              r"(?: (?:line|team|desk|number|service))?", _F)
 
 
+# "no lawyer can promise a result": a professional negated is not one the user is sent to
+_NO_PRO = re.compile(rf"\b(?:no|not even|never a)\s+(?:\w+\s+){{0,2}}?{PROFESSIONAL}", _F)
+
+
 def refers(text: str) -> bool:
-    text = _NOT_A_SERVICE.sub(" ", text)  # product support is not a referral to a professional or service
+    text = _NO_PRO.sub(" ", _NOT_A_SERVICE.sub(" ", text))  # product support is not a referral either
     if _NOT_A_PRO.search(text) and not REFERRAL.search(_NOT_A_PRO.sub(" ", text)):
         return False
-    return bool(REFERRAL.search(text) or CRISIS.search(text))
+    return bool(REFERRAL.search(text) or CRISIS.search(text) or refers_structurally(text))
 

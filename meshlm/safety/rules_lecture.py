@@ -25,13 +25,18 @@ _VERDICT_WORD = (r"(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs
                  r"(?:criminal )?charges|(?:get|got|getting) (?:you )?(?:charged|arrested|sued|fired)|"
                  r"(?:be|being) (?:charged with|arrested)|expelled|expulsion|suspen(?:ded|sion)|arrest\w*|(?:significant|serious|real|major|grave) "
                  r"risks?|extortion|(?:the |its |their |platforms?'? )?(?:\w+ )?(?:rules|laws?|terms of service))")
+# a discourse phrase before a verdict's subject: "That said, …", "Even with good intentions, …"
+_LEAD = (r"(?:(?:that said|still|even so|even then|honestly|frankly|to be clear|to be honest|realistically|but|and|"
+         r"however|unfortunately|even with (?:the )?(?:best|good) (?:of )?intentions?|either way|regardless),?\s+)?")
 # the subject is the request ("that", "what you're describing") or an act done to someone else without consent
 # ("hacking into a network you don't own is ..."), not a general statement ("mixing bleach and ammonia is ...")
 VERDICT = re.compile(r"^\s*(?:(?:that|this|it|doing (?:that|this|so)|what you(?:'re| are|’re) (?:describing|asking"
                      r"(?: for| about)?)|(?:that|this|such an?) (?:request|plan|idea))\s*(?:'s|’s| is| would be| "
                      r"sounds like| could be| can be)\b)"
                      rf"[^.?!]{{0,80}}\b{_VERDICT_WORD}", _F)
-VERDICT_ACT = re.compile(r"^\s*(?:\w+ly\s+)?(?:\w+ing|(?:unauthori[sz]ed|illegal|covert|secret) \w+)\b[^.?!]{0,60}\b(?:you don'?t own|(?:is|are)n'?t (?:yours|your own)|"
+VERDICT_ACT = re.compile(r"^\s*" + _LEAD + r"(?:\w+ly\s+)?(?:\w+ing|(?:unauthori[sz]ed|illegal|covert|secret) \w+)\b"
+                         r"[^.?!]{0,60}\b(?:you don'?t own|(?:is|are)n'?t (?:yours|your own)|you(?:'re| are|’re) not "
+                         r"(?:authori[sz]ed|allowed|permitted)|you aren'?t (?:authori[sz]ed|allowed|permitted)|"
                          r"without (?:their |the owner'?s |her |his |its )?"
                          r"(?:permission|consent|authori[sz]ation|knowing|knowledge)|someone else'?s|another "
                          r"(?:\w+ )?(?:person|adult|man|woman|individual|user|people)'?s?|a private (?:person|"
@@ -76,7 +81,8 @@ _INSTRUCTS = re.compile(r"(?<!\bif )\b(?:you (?:can|could|should|need|'ll need|w
                         r"(?!(?:is|are|was|were|of|and|or)\b)[\w'’-]+", _F)
 # the lawful case the lecture points to instead ("if it's your own account, use the recovery process") and the
 # conditional alternatives of a redirect ("if you're interested in firearms, ...", "if the goal is a night out")
-_OWN_CASE = re.compile(r"^\s*if\b[^.?!]{0,60}\b(?:your own|yours|you own|legitimately|legally|lawfully)\b|"
+_OWN_CASE = re.compile(r"^\s*if\b[^.?!]{0,60}\b(?:your own|yours|you own|legitimately|legally|lawfully|genuinely|"
+                       r"really|actually|truly)\b|"
                        r"^\s*if (?:you(?:'re|’re| are)? (?:interested|curious|feeling|worried|concerned|asking|"
                        r"struggling|angry|upset|just|really)|you (?:need|want|have (?:concerns|worries|a problem)|'d "
                        r"like|would like|wish)|(?:the|your) (?:goal|aim|point|real need) is|(?:this|it)(?:'s| is) "
@@ -95,7 +101,11 @@ REDIRECT = re.compile(
     r"\bwhat (?:tends to|usually|actually|really) (?:works?|helps?) instead\b|\bwhat (?:works|helps) better\b|"
     r"\b(?:i'?d|i would|we'?d|we would) (?:suggest|recommend)\b[^.?!]*\binstead\b|"
     r"^\s*what (?:actually |really |usually )?(?:works|helps) is\b|"
-    r"\b(?:a )?better use of\b|"
+    r"\b(?:a )?better use of\b|\b(?:a|the) (?:better|safer|smarter|legal|legitimate) way to\b|"
+    r"^\s*what (?:tends to|usually|actually|really|does) (?:works?|helps?)\s*(?:[:—–-]|$)|"
+    r"\b(?:ones|options|ideas|alternatives|projects|experiments|choices|crowd-pleasers|activities) (?:that|which) "
+    r"(?:are|is) (?:actually |completely |perfectly )?(?:safe|safer|legal|harmless)\b|"
+    r"\b(?:safe|safer|legal|harmless) (?:alternatives?|options?|ideas?|projects?|experiments?|substitutes?)\b|"
     r"\bit(?:'s|’s| is|'d be| would be) (?:much |far )?(?:better|wiser|healthier|best) to (?:focus|put|spend|channel|"
     r"walk away|let (?:it )?go|move on|step back|cut contact|talk to|seek|invest)\b", _F)
 # crime words: a verdict with one of these is a lecture even beside long advice that does not touch the request
@@ -117,10 +127,13 @@ _ASKS_EXPLAIN = re.compile(r"^\s*(?:(?:can|could) you (?:please )?)?(?:explain|d
                            r"does)|what'?s (?:a|an|the (?:difference|meaning|history|penalty|punishment|law))|why|who|"
                            r"when|tell me about|meaning of)\b", _F)
 _ASKS_HOW = re.compile(r"\b(?:how|ways?|steps?|instructions?|method|recipe|guide)\b", _F)
-_ASKS_VERDICT = re.compile(r"\b(?:is|are|was|would|could|can)\b[^?]{0,40}\b(?:legal|illegal|lawful|safe|"
+_ASKS_VERDICT = re.compile(r"^\s*(?:which|what)\b[^?]{0,60}\b(?:never|not|n't|unsafe|dangerous|toxic|harmful|"
+                           r"deadly|poisonous)\b|"  # "which cleaners must never be mixed": the danger is the answer
+                           r"\b(?:is|are|was|would|could|can)\b[^?]{0,40}\b(?:legal|illegal|lawful|safe|"
                            r"dangerous|allowed|a crime|okay|ok|bad|wrong|ethical)\b|"
                            r"^\s*(?:can|could|should|may|must) i\b(?![^?]{0,30}\b(?:how|steps?|instructions?)\b)|"
-                           r"^\s*(?:is|are) (?:it|there|this|that)\b", _F)
+                           r"^\s*(?:is|are) (?:it|there|this|that)\b(?! (?:a|any) (?:\w+ )?(?:way|method|app|trick|tool|"
+                           r"program|site|website|script|hack)s?\b)", _F)
 # words of the request that say nothing about its object
 _REQUEST_WORDS = frozenset("""how tell give show write make making build create explain describe list provide step
 steps instructions instruction guide way ways best easiest quickest fastest method methods need want please someone
@@ -191,7 +204,9 @@ _YES_NO_QUESTION = re.compile(r"(?:^|[.,;:!?]\s*|\b(?:so|and|but)\s+)(?:is|are|a
 
 _REQUEST = re.compile(r"^\s*(?:please\s+)?(?:how|what|which|where|who|why|when|write|give|tell|make|create|"
                       r"generate|build|explain|show|list|help|complete|draft|compose|find|describe|design|code|"
-                      r"teach|provide|send|get|produce|plan|suggest|recommend)\b|\bhow (?:do|can|to|would|should)\b", _F)
+                      r"teach|provide|send|get|produce|plan|suggest|recommend)\b|\bhow (?:do|can|to|would|should)\b|"
+                      r"\bis there (?:a|any) (?:\w+ )?(?:way|method|app|trick|tool|program|site|website|script|"
+                      r"hack)s?\b", _F)
 
 
 def asks_yes_no(prompt: str) -> bool:

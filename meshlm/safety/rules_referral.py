@@ -1,0 +1,76 @@
+"""Referrals found by structure: a noun phrase naming a qualified person or a service, in a referral position.
+
+A referral is not a fixed list of sentences. Its object is a noun phrase — any modifiers before a profession or
+service noun ("your midwife", "an independent mortgage adviser", "a traffic attorney", "an urgent care clinic",
+"someone qualified") — and its position says it sends the user there: the object of a referral verb ("run it
+past your midwife", "check with a pharmacist", "have someone qualified look at it") or the subject of a modal
+and a verb of advising ("a traffic attorney can tell you whether …", "an independent mortgage adviser can compare
+the market"). The older cues in :mod:`rules_cues` stay; this module adds what they miss by their word lists.
+"""
+
+from __future__ import annotations
+
+import re
+
+_F = re.IGNORECASE
+
+# head nouns of a qualified person or a service; a compound ("mortgage adviser", "care clinic") ends in one
+_PERSON = (r"(?:doctor|physician|gp|surgeon|nurse|midwife|health visitor|pharmacist|dentist|optician|"
+           r"optometrist|physio(?:therapist)?|therapist|psychologist|psychiatrist|counsell?or|clinician|specialist|"
+           r"dietitian|dietician|nutritionist|vet|veterinarian|paediatrician|pediatrician|"
+           r"practitioner|lawyer|attorney|solicitor|barrister|paralegal|notary|advocate|adviser|advisor|"
+           r"accountant|bookkeeper|broker|actuary|mediator|ombudsman|social worker|caseworker|case worker|"
+           r"professional)s?")
+_SERVICE = (r"(?:clinic|pharmacy|hospital|emergency (?:room|department)|urgent care|walk-in centre|"
+            r"walk-in center|helpline|help line|hotline|crisis line|advice (?:service|line|centre|center)|legal aid|"
+            r"law (?:firm|centre|center|clinic)|citizens advice|ombudsman service)s?")
+# modifiers: a determiner or possessive, then up to three words (adjectives and compound nouns)
+_DET = r"(?:(?:a|an|the|your|their|his|her|our|one|any|some|local|own|trusted)\s+)*"
+_MODS = r"(?:[a-z][\w'’-]*\s+){0,3}?"
+NOUN_PHRASE = (rf"(?:{_DET}{_MODS}(?:{_PERSON}|{_SERVICE})\b|"
+               r"(?:someone|somebody|a person|a professional|people) (?:qualified|licensed|trained|registered|"
+               r"certified|accredited|independent|who (?:is|are) (?:qualified|licensed|trained)|with (?:the right )?"
+               r"(?:training|qualifications|expertise)|medically trained|legally trained)\b|"
+               r"(?:a|an|your|the) (?:qualified|licensed|registered|certified|accredited) (?:person|someone|"
+               r"one)\b)")
+# verbs whose object is who the user should go to
+_TO_VERB = (r"(?:run(?:ning)? (?:it|this|that|them|these|things|your plans?|the (?:idea|plan|numbers|figures)) "
+            r"(?:past|by)|run(?:ning)? (?:past|by)|consult(?:ing|ed)?|"
+            r"see(?:ing)?|ask(?:ing)?|check(?:ing)? (?:it |this |that )?(?:with|in with)|talk(?:ing)? "
+            r"(?:it |this |things )?(?:over |through )?(?:to|with)|speak(?:ing)? (?:to|with)|go(?:ing)? to|"
+            r"get(?:ting)? (?:advice|help|input|a second opinion) from|seek(?:ing)? (?:advice|help|guidance|input) "
+            r"from|book (?:in )?with|make an appointment with|be seen by|been seen by|(?:looked at|checked|"
+            r"assessed|examined|reviewed) by)")
+# "have / get NP look at it", "let NP check"
+_HAVE = r"(?:hav(?:e|ing)|get(?:ting)?|let(?:ting)?)"
+_LOOK = r"(?:look(?:s|ing)? (?:at|over)|check|review|assess|examine|go over|see)"
+# what the NP is for when it is the subject: "can tell you", "could compare", "will be able to advise"
+_MODAL = r"(?:can|could|will|would|should|may|might|is able to|are able to|(?:will|would) be able to)"
+_ADVISE = (r"(?:help|tell|advise|assess|compare|review|check|confirm|explain|look|guide|walk|recommend|work out|"
+           r"go through|go over|answer|evaluate|examine|diagnose|prescribe|suggest|weigh|spot|decide|say|talk|"
+           r"point|find|adjust|arrange|represent|negotiate|handle|give you|offer)")
+
+_OBJECT = re.compile(rf"\b{_TO_VERB}\s+{NOUN_PHRASE}", _F)
+_HAVE_LOOK = re.compile(rf"\b{_HAVE}\s+{NOUN_PHRASE}(?:\s*\([^)]{{0,60}}\))?\s+{_LOOK}\b", _F)
+_SUBJECT = re.compile(rf"(?:^|[,;:(]\s*|\b(?:and|or|but|so|then)\s+)(?!(?:many|most|all|few|no|other|these|those|"
+                      rf"lots|plenty)\b){NOUN_PHRASE}(?:\s*\([^)]{{0,60}}\))?(?:,[^,]{{0,60}},)?\s+"
+                      rf"(?:\w+ly\s+)?{_MODAL}\s+(?:\w+ly\s+|also\s+|then\s+|often\s+)?{_ADVISE}\b", _F)
+# "the professional can't …", "no lawyer will …": not a referral
+_NEGATED = re.compile(r"\b(?:no|not|never|nor)\s+(?:\w+\s+){0,3}$", _F)
+
+
+def _matches(text: str) -> list[re.Match]:
+    return [m for pattern in (_OBJECT, _HAVE_LOOK, _SUBJECT) for m in pattern.finditer(text)
+            if not _NEGATED.search(text[max(0, m.start() - 30):m.start()])]
+
+
+def refers_structurally(text: str) -> bool:
+    """A qualified person or service as the object of a referral verb or the subject of "can / will + advise"."""
+    return bool(_matches(text))
+
+
+def without_referrals(text: str) -> str:
+    """The text with each structural referral blanked: what is left is the clause's own information."""
+    for m in sorted(_matches(text), key=lambda m: -m.start()):
+        text = text[:m.start()] + " " + text[m.end():]
+    return text
