@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 
 import torch
@@ -46,7 +47,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()}, " \
         f"{torch.get_num_threads()} threads"
     print(f"# bench train on {device} ({name}), torch {torch.__version__}, {args.precision}, batch {args.batch} x "
-          f"seq {args.seq}, {args.steps} timed steps after {args.warmup} warm-up\n")
+          f"seq {args.seq}, {args.steps} timed steps after {args.warmup} warm-up; {_load()} at the start\n")
     print("| flavour | mode | tokens/s | achieved GFLOP/s | peak GFLOP/s | MFU | HF tokens/s | meshlm / HF |")
     print("|---|---|---|---|---|---|---|---|")
     for flavor in args.flavors.split(","):
@@ -59,6 +60,12 @@ def main() -> None:
                   f"{hf} |", flush=True)
             if args.json:
                 print(json.dumps(r))
+    print(f"\n# {_load()} at the end (other processes on the machine inflate absolute figures; read the ratio)")
+
+
+def _load() -> str:
+    """The 1/5/15-minute load averages: a figure taken on a busy machine must say so."""
+    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import meshlm.models.llama as llama
 from meshlm.models import build_model, flavor_config
-from meshlm.models.fused import (apply_rope_fused, fused_linear, rms_norm, rope_tables, swiglu,
-                                 use_fast_path)
+from meshlm.models.fused import rms_norm, rope_tables, use_fast_path
 from meshlm.models.llama import RMSNorm, apply_rope
 from meshlm.objectives import NextTokenObjective
 
@@ -80,57 +77,18 @@ def test_rope_equals_four_half_width_products(dtype):
         assert torch.equal(apply_rope(x, cos, sin), ref_out)
 
 
-def test_rope_rotates_only_the_first_heads_and_passes_the_rest():
-    g = torch.Generator().manual_seed(2)
-    x, angles = torch.randn(2, 6, 5, 16, generator=g), torch.randn(6, 8, generator=g)
-    cos2, sin2 = (t[None, :, None] for t in rope_tables(angles.cos(), angles.sin()))
-
-    def ref(x):  # q and k heads rotated, v heads untouched
-        return torch.cat((_plain_rope(x[:, :, :3], angles.cos(), angles.sin()), x[:, :, 3:] * 1), dim=2)
-
-    fast_out, (fast_grad,) = _grads(lambda x: apply_rope_fused(x, cos2, sin2, 3), x)
-    ref_out, (ref_grad,) = _grads(ref, x)
-    assert fast_out.is_contiguous() and torch.equal(fast_out, ref_out) and torch.equal(fast_grad, ref_grad)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_swiglu_equals_silu_times_up(dtype):
-    h = torch.randn(2, 5, 2 * 24, generator=torch.Generator().manual_seed(3)).to(dtype)
-    fast_out, (fast_grad,) = _grads(swiglu, h)
-    ref_out, (ref_grad,) = _grads(lambda h: F.silu(h[..., :24]) * h[..., 24:], h)
-    assert torch.equal(fast_out, ref_out) and torch.equal(fast_grad, ref_grad)
-
-
-@pytest.mark.parametrize("bias", [False, True])
-def test_fused_linear_equals_separate_linears(bias):
-    torch.manual_seed(4)
-    layers = [nn.Linear(16, n, bias=bias) for n in (12, 8, 8)]
-    x = torch.randn(2, 5, 16, requires_grad=True)
-    out = fused_linear(x, layers)
-    assert out.shape == (2, 5, 28) and out.grad_fn.name().startswith("FusedLinearFunction")
-    ref = torch.cat([m(x) for m in layers], dim=-1)
-    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
-    grad = torch.randn_like(out)
-    fast = torch.autograd.grad(out, [x, *(p for m in layers for p in m.parameters())], grad)
-    slow = torch.autograd.grad(ref, [x, *(p for m in layers for p in m.parameters())], grad)
-    for a, b in zip(fast, slow):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_fused_linear_declines_what_it_cannot_fuse():
-    from meshlm.models.lora import LoRALinear
-
+def test_fast_path_applies_only_when_training_eagerly_on_plain_tensors():
     x = torch.randn(2, 3, 8)
-    plain = [nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False)]
-    assert fused_linear(x, [plain[0], nn.Linear(8, 4)]) is None  # mixed biases
-    hooked = nn.Linear(8, 4, bias=False)
-    hooked.register_forward_hook(lambda *a: None)
-    assert fused_linear(x, [plain[0], hooked]) is None
-    lora = LoRALinear(8, 4, bias=False, rank=2, alpha=4.0, dropout=0.0)  # nn.Linear subclass: adds an adapter
-    assert fused_linear(x, [plain[0], lora]) is None
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert fused_linear(x, plain) is None
-    assert use_fast_path(x) and not torch.no_grad()(use_fast_path)(x)
+    assert use_fast_path(x)
+    with torch.no_grad():
+        assert not use_fast_path(x)
+    from torch.distributed.tensor import DTensor
+
+    class FakeDTensor(DTensor):  # isinstance is all the gate looks at; building a real one needs a process group
+        def __new__(cls):
+            return torch.Tensor._make_subclass(cls, torch.zeros(1))
+
+    assert not use_fast_path(x, FakeDTensor())
 
 
 @pytest.fixture(scope="module")

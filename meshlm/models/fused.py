@@ -1,4 +1,4 @@
-"""Eager fast paths for the decoder block: hand-written autograd Functions and fused projections.
+"""Eager fast paths for the decoder block: hand-written autograd Functions for RMSNorm and RoPE.
 
 Why: at small shapes on CPU a training step is mostly per-op overhead and memory-bound element-wise passes, so
 eager mode wins by running fewer ops and saving fewer tensors. Each Function here computes the same formula as
@@ -13,8 +13,6 @@ path, so generation is unchanged), and outside torch.compile (Inductor fuses the
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.distributed.tensor import DTensor
 
 
@@ -76,125 +74,33 @@ def _swap_halves(x: torch.Tensor) -> torch.Tensor:
 
 
 class RoPEFunction(torch.autograd.Function):
-    """Rotate the first ``rotated`` heads of x (B, T, heads, Dh) by the full-width tables (B|1, T, 1, Dh) and
-    pass the other heads through (v beside k, when q, k and v come from one fused projection): one new tensor
-    holds them, so views of it do not keep the projection's output alive.
+    """Rotate x (B, T, H, Dh) by the full-width tables (B|1, T, 1, Dh): x·cos2 + swap(x)·sin2.
 
-    The rotation is orthogonal, so backward is the transposed rotation: dx = g·cos2 + swap(g·sin2). Only the
-    tables are saved, like the composite form. Same ops as the composite form: bitwise equal in fp32.
+    The rotation is orthogonal, so backward is the transposed rotation, dx = g·cos2 + swap(g·sin2): four ops
+    and one autograd node instead of the composite form's graph through chunk, cat and two products. Only the
+    tables are saved, like the composite form; same ops and roundings, so bitwise equal in fp32.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor, rotated: int) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(cos2, sin2)
-        ctx.rotated, ctx.dtype = rotated, x.dtype
-        return _rotate(x, cos2, sin2, rotated, transpose=False)
+        return _rotate(x, cos2, sin2, transpose=False)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         cos2, sin2 = ctx.saved_tensors
-        return _rotate(grad, cos2, sin2, ctx.rotated, transpose=True).to(ctx.dtype), None, None, None
+        return _rotate(grad, cos2, sin2, transpose=True), None, None
 
 
-def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor, rotated: int, transpose: bool) -> torch.Tensor:
-    """x·cos2 + swap(x)·sin2 (or its transpose, g·cos2 + swap(g·sin2)) on the first ``rotated`` heads, the
-    other heads copied; rounded like the composite form (each product, then the sum, in fp32)."""
-    if x.dtype != torch.float32:  # rotate in fp32, round once to x's dtype
-        out = _rotate(x.float(), cos2, sin2, rotated, transpose)
-        return out.to(x.dtype)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    xr, turned = x[:, :, :rotated], out[:, :, :rotated]
-    torch.mul(xr, cos2, out=turned)
-    turned.add_(_swap_halves(xr * sin2) if transpose else _swap_halves(xr) * sin2)
-    if rotated < x.shape[2]:
-        out[:, :, rotated:] = x[:, :, rotated:]
-    return out
+def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """x·cos2 + swap(x)·sin2, or its transpose g·cos2 + swap(g·sin2), in fp32 (each product, then the sum,
+    rounded as in the composite form), returned in x's dtype."""
+    xf = x.float()
+    out = xf * cos2
+    out += _swap_halves(xf * sin2) if transpose else _swap_halves(xf) * sin2
+    return out.to(x.dtype)
 
 
-def apply_rope_fused(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor, rotated: int | None = None) -> torch.Tensor:
-    """x (B, T, heads, Dh) with the first ``rotated`` heads (all by default) rotated; tables (B|1, T, 1, Dh)."""
-    return RoPEFunction.apply(x, cos2, sin2, x.shape[2] if rotated is None else rotated)
-
-
-# --------------------------------------------------------------------------------------------------- SwiGLU
-class SwiGLUFunction(torch.autograd.Function):
-    """silu(a) · b of h = [a | b] (the fused w1/w3 projection's output, (..., 2F)) -> (..., F).
-
-    Saves what the composite form saves (a and b, as h, and silu(a)) but writes both halves of the gradient
-    into one buffer, so the fused projection's backward needs no concatenation. Same ops: bitwise equal.
-    """
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor) -> torch.Tensor:
-        a, b = h.chunk(2, dim=-1)
-        gate = F.silu(a)
-        ctx.save_for_backward(h, gate)
-        return gate * b
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        h, gate = ctx.saved_tensors
-        a, b = h.chunk(2, dim=-1)
-        grad_h = torch.empty_like(h)
-        grad_a, grad_b = grad_h.chunk(2, dim=-1)
-        torch.mul(grad, gate, out=grad_b)
-        torch.ops.aten.silu_backward.grad_input(grad * b, a, grad_input=grad_a)
-        return grad_h
-
-
-def swiglu(h: torch.Tensor) -> torch.Tensor:
-    return SwiGLUFunction.apply(h)
-
-
-# ---------------------------------------------------------------------------------------- fused projections
-def _plain_linear(module: nn.Module) -> bool:
-    """An nn.Linear itself (not a subclass such as LoRA's), without hooks, holding plain tensors."""
-    return (type(module) is nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
-            and not isinstance(module.weight, DTensor))
-
-
-class FusedLinearFunction(torch.autograd.Function):
-    """x @ cat(weights)^T (+ cat(biases)): several linears that share their input as one matmul.
-
-    Saves x and the weights themselves, not their concatenation (under FSDP a saved copy would keep every
-    layer's unsharded weights alive until backward); backward concatenates them again for the input gradient
-    and returns each weight's gradient as its row block of one matmul.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, n: int, *params: torch.Tensor) -> torch.Tensor:
-        weights, biases = params[:n], params[n:]
-        ctx.save_for_backward(x, *weights)
-        ctx.sizes = [w.shape[0] for w in weights]
-        ctx.has_bias = bool(biases)
-        return F.linear(x, torch.cat(weights), torch.cat(biases) if biases else None)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x, *weights = ctx.saved_tensors
-        n = len(weights)
-        grad_x = grad @ torch.cat(weights) if ctx.needs_input_grad[0] else None
-        grad_w = [None] * n
-        rows = grad.reshape(-1, grad.shape[-1])  # (N, Σ out)
-        if any(ctx.needs_input_grad[2:2 + n]):
-            grad_w = list((rows.t() @ x.reshape(-1, x.shape[-1])).split(ctx.sizes))
-        grad_b = list(rows.sum(0).split(ctx.sizes)) if ctx.has_bias and any(ctx.needs_input_grad[2 + n:]) else []
-        if ctx.has_bias and not grad_b:
-            grad_b = [None] * n
-        return (grad_x, None, *grad_w, *grad_b)
-
-
-def fused_linear(x: torch.Tensor, linears: list[nn.Module]) -> torch.Tensor | None:
-    """x through several linears sharing it, as one matmul against their stacked weights: (..., Σ out).
-
-    One larger matmul instead of several and one input gradient instead of a sum of several; costs a copy of
-    the weights per call (twice with backward), small next to a training matmul (tokens ≫ 1) — hence only on
-    the fast path. None when it does not apply (a LoRA layer, hooks, DTensors, mixed biases).
-    """
-    if torch.is_autocast_enabled(x.device.type) or not all(_plain_linear(m) for m in linears):
-        return None  # under autocast the backward's matmuls would see mixed dtypes
-    has_bias = [m.bias is not None for m in linears]
-    if any(has_bias) and not all(has_bias):
-        return None
-    params = [m.weight for m in linears] + ([m.bias for m in linears] if has_bias[0] else [])
-    return FusedLinearFunction.apply(x, len(linears), *params)
+def apply_rope_fused(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """x (B, T, H, Dh) rotated by full-width tables (B|1, T, 1, Dh)."""
+    return RoPEFunction.apply(x, cos2, sin2)

@@ -22,7 +22,7 @@ from torch import nn
 
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
-from meshlm.models.fused import apply_rope_fused, fused_linear, rms_norm, rope_tables, swiglu, use_fast_path
+from meshlm.models.fused import apply_rope_fused, rms_norm, rope_tables, use_fast_path
 
 
 class RMSNorm(nn.Module):
@@ -153,17 +153,15 @@ class Attention(nn.Module):
         """``mask``: None for plain causal attention, else a boolean (B|1, 1, T, S) mask, True = may attend
         (see :func:`attention_mask`). It is a keyword so tensor-parallel input plans keep their 5-tuple."""
         B, T, _ = x.shape
-        q, k, v = self._fused_qkv(x, cos, sin) if use_fast_path(x) else (None, None, None)
-        if q is None:
-            # Head counts come from the projections' outputs (-1), not from the config: tensor parallelism
-            # shards wq/wk/wv by output rows (whole heads), so each rank sees only its local heads. Inferring
-            # from the activation also works when the weights are DTensors, whose .shape is the global one.
-            q = self.wq(x).view(B, T, -1, self.head_dim)  # (B, T, H, Dh)
-            k = self.wk(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
-            v = self.wv(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Head counts come from the projections' outputs (-1), not from the config: tensor parallelism shards
+        # wq/wk/wv by output rows (whole heads), so each rank sees only its local heads. Inferring from the
+        # activation also works when the weights are DTensors, whose .shape is the global one.
+        q = self.wq(x).view(B, T, -1, self.head_dim)  # (B, T, H, Dh)
+        k = self.wk(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
+        v = self.wv(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, T, Dh)
         if cache is not None:
             k, v = cache.update(start_pos, k, v)  # (B, Hkv, S, Dh), S = start_pos + T
@@ -172,23 +170,6 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
-
-    def _fused_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Fast path: q, k, v (B, T, H|Hkv, Dh) from one matmul; (None, None, None) where it does not apply.
-        RoPE turns q, and k with v passed through: q and (k, v) then own two new tensors, as the composite
-        path's q, k and v do (the planner counts them), and the projection's output is freed."""
-        B, T, _ = x.shape
-        qkv = fused_linear(x, [self.wq, self.wk, self.wv])
-        if qkv is None:
-            return None, None, None
-        n_q, n_kv = self.wq.out_features // self.head_dim, self.wk.out_features // self.head_dim
-        qkv = qkv.view(B, T, n_q + 2 * n_kv, self.head_dim)  # (B, T, H + 2·Hkv, Dh)
-        q, kv = qkv.split([n_q, 2 * n_kv], dim=2)
-        if self.q_norm is not None:  # per head, before RoPE (Qwen3)
-            q, kv = self.q_norm(q), torch.cat((self.k_norm(kv[:, :, :n_kv]), kv[:, :, n_kv:]), dim=2)
-        q = apply_rope_fused(q, *_broadcast_tables(*rope_tables(cos, sin)))
-        kv = apply_rope_fused(kv, *_broadcast_tables(*rope_tables(cos, sin)), n_kv)
-        return (q, *kv.split([n_kv, n_kv], dim=2))
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -263,10 +244,6 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_fast_path(x):
-            h = fused_linear(x, [self.w1, self.w3])  # (B, T, 2F): one matmul for gate and up
-            if h is not None:
-                return self.w2(swiglu(h))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, F) inside, (B, T, D) out
 
 
