@@ -223,15 +223,13 @@ def logits_grad_bytes(spec: ModelSpec, layout: Layout, training: Training, b: in
 
 def block_backward_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> float:
     """A block's transient peak in backward, at its first op, SwiGLU's backward (measured with the memory probe
-    on the debug model): the gradient of w2's input and of SwiGLU's inputs, in the compute dtype — on the eager
-    fast path for plain tensors (meshlm/models/fused.py, tp 1) one (b, s, 2f) gradient of the fused w1/w3
-    output and a (b, s, f) product beside the incoming (b, s, f) gradient: four b·s·f; on the composite path
-    (DTensor under tensor parallelism) three b·s·f/t. With activation checkpointing, plus what the recompute
-    re-creates for that one block (what no AC would have saved beyond what the mode keeps)."""
+    on the debug model): the gradient of w2's input and of SwiGLU's two inputs beside the incoming gradient, in
+    the compute dtype: three b·s·f/t (the same on plain tensors and under tensor parallelism). With activation
+    checkpointing, plus what the recompute re-creates for that one block (what no AC would have saved beyond
+    what the mode keeps)."""
     if spec.arch == "gpt":
         return 0.0
-    tensors = 4 if layout.tp == 1 else 3
-    ws = tensors * training.compute_bytes * b * training.seq_len * spec.ffn_hidden_dim / layout.tp
+    ws = 3 * training.compute_bytes * b * training.seq_len * spec.ffn_hidden_dim / layout.tp
     if layout.activation_checkpointing != "none":
         keep = act.block_bytes(spec, layout, training, b)
         full = act.block_bytes(spec, dataclasses.replace(layout, activation_checkpointing="none"), training, b)
