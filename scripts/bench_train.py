@@ -4,6 +4,7 @@ same dimensions in the same process as the reference. Prints a markdown table (a
     python scripts/bench_train.py                                   # CPU: debug and small, fp32
     python scripts/bench_train.py --device cuda --precision bf16    # a GPU
     python scripts/bench_train.py --flavors small --profile         # where meshlm's step spends its time
+    python scripts/bench_train.py --flavors small --threads 1 --cpu-time --no-compile   # on a loaded machine
 
 Each process alternates meshlm and HF steps (one each, in turn) and reports tokens/s from the median step
 time, so that load from other processes on a shared machine falls on both alike; the ratio is the robust
@@ -33,10 +34,15 @@ def main() -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--no-compile", action="store_true", help="skip the compiled runs")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
+    p.add_argument("--cpu-time", action="store_true", help="time steps by the thread's CPU time (with --threads 1): "
+                                                            "robust on a machine other processes load")
     p.add_argument("--json", action="store_true")
     p.add_argument("--profile", action="store_true", help="print the profiler's top ops of meshlm's eager step "
                                                            "(each flavour) instead of benchmarking")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.profile:
         for flavor in args.flavors.split(","):
             print(f"# {flavor}: top ops of meshlm's training step, batch {args.batch} x seq {args.seq}, "
@@ -53,7 +59,8 @@ def main() -> None:
     for flavor in args.flavors.split(","):
         for compile_ in ([False] if args.no_compile else [False, True]):
             r = bench_train(flavor, args.batch, args.seq, args.steps, warmup=args.warmup, compile=compile_,
-                            precision=args.precision, device=device, compare_hf=not args.no_hf)
+                            precision=args.precision, device=device, compare_hf=not args.no_hf,
+                            cpu_time=args.cpu_time)
             hf = f"{r['hf_tokens_per_s']:,.0f} | {r['ratio_to_hf']:.2f}" if "ratio_to_hf" in r else "n/a | n/a"
             print(f"| {flavor} | {'compiled' if compile_ else 'eager'} | {r['tokens_per_s']:,.0f} | "
                   f"{r['achieved_flops'] / 1e9:,.1f} | {r['matmul_peak_flops'] / 1e9:,.1f} | {100 * r['mfu']:.1f}% | "

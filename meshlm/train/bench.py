@@ -11,6 +11,7 @@ from torch import nn
 
 from meshlm.config.schema import OptimizerConfig, ParallelConfig, TrainingConfig
 from meshlm.distributed.engine import Engine
+from meshlm.errors import ConfigError
 from meshlm.models import build_model, flavor_config
 from meshlm.models.config import ModelConfig
 from meshlm.objectives import NextTokenObjective
@@ -24,9 +25,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _step_times(steps: list[Callable[[], None]], timed: int, warmup: int, device: torch.device) -> list[list[float]]:
+def _step_times(steps: list[Callable[[], None]], timed: int, warmup: int, device: torch.device,
+                clock: Callable[[], float] = time.perf_counter) -> list[list[float]]:
     """Seconds per step of each step function, run in turn (a, b, a, b, ...) so that a shared machine's load
-    falls on all of them alike; returns one list of ``timed`` durations per function."""
+    falls on all of them alike; returns one list of ``timed`` durations per function. ``clock``: wall time, or
+    the thread's CPU time (``time.thread_time``, meaningful with one thread), which other processes disturb
+    far less."""
     for _ in range(warmup):
         for step in steps:
             step()
@@ -34,10 +38,10 @@ def _step_times(steps: list[Callable[[], None]], timed: int, warmup: int, device
     for _ in range(timed):
         for step, out in zip(steps, times):
             _sync(device)
-            start = time.perf_counter()
+            start = clock()
             step()
             _sync(device)
-            out.append(time.perf_counter() - start)
+            out.append(clock() - start)
     return times
 
 
@@ -64,22 +68,26 @@ def synthetic_batch(cfg: ModelConfig, batch: int, seq: int, device: torch.device
 
 
 def bench_train(flavor: str, batch: int, seq: int, steps: int, *, warmup: int = 2, compile: bool = False,
-                precision: str = "fp32", device: str = "cpu", compare_hf: bool = False) -> dict[str, Any]:
+                precision: str = "fp32", device: str = "cpu", compare_hf: bool = False,
+                cpu_time: bool = False) -> dict[str, Any]:
     """tokens/s of meshlm's training step from the median step time; with ``compare_hf``, transformers' Llama
-    of the same shapes stepped alternately with it in this process, and the ratio of the medians."""
+    of the same shapes stepped alternately with it in this process, and the ratio of the medians. ``cpu_time``:
+    time steps by the thread's CPU time instead of wall time (CPU, one thread only)."""
     dev = torch.device(device)
+    if cpu_time and (dev.type != "cpu" or torch.get_num_threads() != 1):
+        raise ConfigError("CPU-time timing needs --device cpu and --threads 1 (other threads' work is not counted)")
     cfg = flavor_config(flavor)
     cfg.max_seq_len = max(cfg.max_seq_len, seq)
     data = synthetic_batch(cfg, batch, seq, dev)
     step_fns = [_meshlm_step(cfg, data, compile, precision, dev)]
     if compare_hf:
         step_fns.append(_hf_step(cfg, data, compile, precision, dev))
-    times = _step_times(step_fns, steps, warmup, dev)
+    times = _step_times(step_fns, steps, warmup, dev, time.thread_time if cpu_time else time.perf_counter)
     seconds = statistics.median(times[0])
     peak, peak_source = peak_flops(dev, precision)
     flops_per_token = model_flops_per_token(cfg, seq)
     tokens_per_s = batch * seq / seconds
-    result = {"flavor": flavor, "batch": batch, "seq": seq, "steps": steps, "compile": compile,
+    result = {"flavor": flavor, "batch": batch, "seq": seq, "steps": steps, "compile": compile, "cpu_time": cpu_time,
               "precision": precision, "device": str(dev), "num_threads": torch.get_num_threads(),
               "params": cfg.num_params(), "tokens_per_s": tokens_per_s, "step_time_s": seconds,
               "flops_per_token": flops_per_token, "achieved_flops": tokens_per_s * flops_per_token,
@@ -102,7 +110,6 @@ def _meshlm_step(cfg: ModelConfig, data: dict, compile: bool, precision: str,
 def _hf_step(cfg: ModelConfig, data: dict, compile: bool, precision: str, dev: torch.device) -> Callable[[], None]:
     """The same architecture and dimensions in transformers (LlamaForCausalLM for the Llama flavours), same optimizer
     and loss, same process."""
-    from meshlm.errors import ConfigError
     from meshlm.interop.hf_config import transformers_model
 
     try:
