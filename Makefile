@@ -21,8 +21,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/meshlm demo
 
+# Two pytest workers, one torch thread each: the suite is mostly short subprocesses and tiny shapes, so two
+# single-threaded workers keep both cores busy where one two-threaded process leaves them idle (set
+# PYTEST_WORKERS=0 to run in one process).
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 bench: $(STAMP)
 	$(VENV)/bin/python scripts/bench_train.py
