@@ -187,6 +187,11 @@ class MemoryMeter(TorchDispatchMode):
             kind = "activation"
             if func is torch.ops.aten._to_copy.default and self._is_param(args[0]):
                 kind = "param_copy"  # autocast's low-precision copy of a weight: a buffer, not an activation
+            elif getattr(func, "namespace", "") == "fsdp":
+                # FSDP2's all-gather input/output buffers: a collective buffer, not an activation. How long one
+                # lives depends on when the async collective's work releases it, so counting it as an
+                # activation made the figure depend on the machine's load (+ one gathered unit at times).
+                kind = "other"
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(local(t), kind)
