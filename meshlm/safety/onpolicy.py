@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 from typing import Callable
 
+from meshlm.data.jsonl import iter_jsonl
 from meshlm.fileio import atomic_write_text
 
 Generate = Callable[[list[str]], list[str]]
@@ -60,4 +61,4 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
 
 
 def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [row for _, row in iter_jsonl(path, "the rows `meshlm align data` wrote")]
