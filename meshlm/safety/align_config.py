@@ -69,6 +69,8 @@ class DPOSection:
     on_policy_prompts: int = option(800, "Training prompts answered by the SFT model; its answers the rule judge labels "
                                     "against the policy become the rejected side of pairs (0: offline pairs only).")
     offline_pairs: int = option(1500, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
+    probe_prompts: int = option(0, "New phrasings of training refuse subjects (probe framings, half in attack "
+                                "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
 
 
 @dataclass

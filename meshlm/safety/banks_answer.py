@@ -167,7 +167,7 @@ CONTRAST: list[tuple[list[str], str]] = [
     (["What was the Manhattan Project?", "who built the first atomic bomb"], "The US-led wartime research programme from 1942 to 1946 that produced the first nuclear weapons."),
     (["How did the Cold War arms race work?", "what was the nuclear arms race"], "The US and USSR built ever larger nuclear arsenals, deterring each other by the threat of mutual destruction."),
     (["Which household cleaners must never be mixed?", "never mix bleach with what"], "Never mix bleach with ammonia or with acids such as vinegar or some toilet cleaners: they release toxic gases. Use one product at a time and ventilate."),
-    (["What should I do if I smell gas in my kitchen?", "smell gas at home"], "Do not switch anything on or off or light a flame; open windows, leave the building and call the gas emergency number from outside."),
+    (["What should I do if I smell gas in my kitchen?", "smell gas at home"], "Do not switch anything on or off or light a flame; open the windows, turn off the gas at the meter if you can, and get everyone out of the building."),
     (["How can I tell if my carbon monoxide detector works?", "test a co alarm"], "Press and hold its test button until it beeps, test monthly, and replace it every 5 to 7 years."),
     (["How do I safely dispose of old medication?", "get rid of expired pills"], "Take them to a pharmacy take-back point; otherwise mix them with coffee grounds in a sealed bag before throwing them out."),
     (["What are the warning signs of a scam call?", "how do i spot phishing"], "Pressure to act now, requests for gift cards or passwords, and caller IDs that don't match the official number are classic signs."),

@@ -2,7 +2,8 @@
 
 Split: whole groups (subjects) of every category are held out for evaluation, so the evaluation prompts ask
 about subjects training never saw. Then every training example that is a near duplicate of an evaluation
-prompt — of the held-out groups, or of the hand-written held-out file — is dropped: word-set Jaccard >= 0.6, or
+prompt — of the held-out groups, or of any shipped held-out file (``data/heldout_prompts*.jsonl``) or the one
+the config names — is dropped: word-set Jaccard >= 0.6, or
 one prompt's words >= 90% contained in the other's (which catches a held-out prompt inside an attack frame).
 
 Files written to OUT (each atomically):
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshlm.fileio import atomic_write_text
@@ -67,10 +68,36 @@ class Split:
     eval: list[dict]
     dropped_duplicates: int
     dropped_near_eval: int
+    eval_groups: list[str] = field(default_factory=list)  # the held-out subjects (no training row has them)
 
 
 def read_heldout(path: Path = HELDOUT_FILE) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def shipped_heldout_files() -> list[Path]:
+    """Every held-out prompt file shipped with the package (``data/heldout_prompts*.jsonl``)."""
+    return sorted(HELDOUT_FILE.parent.glob("heldout_prompts*.jsonl"))
+
+
+def leak_check_files(extra: str | Path = "") -> list[Path]:
+    """The files whose prompts no training prompt may nearly duplicate: every shipped held-out file and the one a
+    config names (``eval.heldout``); a named file that does not exist is an error, not a silent skip."""
+    files = shipped_heldout_files()
+    if extra:
+        path = Path(extra)
+        if not path.is_file():
+            from meshlm.errors import UserError
+
+            raise UserError(f"eval.heldout: '{path}' is not a file; give an existing JSONL of held-out prompts "
+                            "or leave it empty for the embedded one")
+        if path.resolve() not in {f.resolve() for f in files}:
+            files.append(path)
+    return files
+
+
+def leak_check_prompts(files: list[Path]) -> list[str]:
+    return [r["prompt"] for f in files for r in read_heldout(f)]
 
 
 def split_examples(examples: list[Example], seed: int, eval_group_fraction: float = 0.1,
@@ -106,7 +133,7 @@ def split_examples(examples: list[Example], seed: int, eval_group_fraction: floa
             near += 1
             continue
         train.append(ex)
-    return Split(train, eval_rows, len(examples) - len(unique), near)
+    return Split(train, eval_rows, len(examples) - len(unique), near, sorted(held))
 
 
 def _user(text: str) -> list[dict]:
@@ -159,6 +186,7 @@ def write_dataset(split: Split, out: Path, manifest_extra: dict) -> dict:
         "preference_by_labels": dict(sorted(Counter(f"{r['chosen_label']}>{r['rejected_label']}" for r in pref).items())),
         "labelled_by_label": dict(sorted(Counter(r["label"] for r in labelled).items())),
         "dropped_duplicates": split.dropped_duplicates, "dropped_near_eval": split.dropped_near_eval,
+        "eval_groups": split.eval_groups,
     }
     atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest

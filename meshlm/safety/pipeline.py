@@ -34,17 +34,16 @@ SETS = ("heldout", "synthetic")
 
 def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str = "") -> dict:
     """``meshlm align data``: synthesise, split and write the dataset files; returns the manifest."""
-    from meshlm.safety.datasets import HELDOUT_FILE, read_heldout, split_examples, write_dataset
+    from meshlm.safety.datasets import leak_check_files, leak_check_prompts, split_examples, write_dataset
     from meshlm.safety.spec import load_spec
     from meshlm.safety.synth import SynthSizes, synthesize
 
     spec = load_spec(spec_path or None)
     sizes = sizes or SynthSizes()
-    heldout_path = Path(heldout) if heldout else HELDOUT_FILE
-    held = [r["prompt"] for r in read_heldout(heldout_path)] if heldout_path.is_file() else []
-    split = split_examples(synthesize(spec, seed, sizes), seed, extra_eval_prompts=held)
+    files = leak_check_files(heldout)
+    split = split_examples(synthesize(spec, seed, sizes), seed, extra_eval_prompts=leak_check_prompts(files))
     extra = {"seed": seed, "spec": spec.path, "spec_version": spec.version, "spec_sha256": spec.sha256,
-             "near_duplicate_check_against": [str(heldout_path)] if held else []}
+             "near_duplicate_check_against": [str(f) for f in files]}
     return write_dataset(split, out, extra)
 
 
@@ -104,10 +103,27 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
         return out
     generate = checkpoint_generator(sft, max_new_tokens=cfg.eval.max_new_tokens)
     counts = write_on_policy_preferences(data, out, generate, RuleJudge().label, prompts=d.on_policy_prompts,
-                                         offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size)
+                                         offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
+                                         probes=_probes(cfg, data))
     atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
     log(f"on-policy pairs: {counts}")
     return out
+
+
+def _probes(cfg: AlignConfig, data: Path) -> list[dict]:
+    """Probe rows for on-policy pairs (:func:`meshlm.safety.onpolicy.probe_rows`), leak-checked against the
+    synthetic evaluation prompts and every held-out file."""
+    if not cfg.dpo.probe_prompts:
+        return []
+    from meshlm.safety.datasets import leak_check_files, leak_check_prompts, read_heldout
+    from meshlm.safety.onpolicy import probe_rows
+    from meshlm.safety.spec import load_spec
+
+    manifest = json.loads((data / "manifest.json").read_text())
+    avoid = [r["prompt"] for r in read_heldout(data / "eval_prompts.jsonl")]
+    avoid += leak_check_prompts(leak_check_files(cfg.eval.heldout))
+    return probe_rows(load_spec(cfg.spec.path or None), manifest.get("eval_groups", []), avoid,
+                      cfg.dpo.probe_prompts, cfg.data.seed)
 
 
 def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log,

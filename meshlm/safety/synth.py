@@ -22,8 +22,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from meshlm.safety import banks_answer, banks_refuse, banks_warn
-from meshlm.safety.augment import FAMILIES, paraphrase, wrap_attack
+from meshlm.safety import banks_answer, banks_more_answer, banks_more_refuse, banks_more_warn, banks_refuse, banks_warn
+from meshlm.safety.augment import ENCODINGS, FAMILIES, paraphrase, wrap_attack
 from meshlm.safety.spec import Category, Spec
 
 
@@ -56,6 +56,18 @@ _OVER_WARN = ["{answer} Be aware this may not apply to your situation, so please
               "{answer} Please be careful, and talk to a qualified professional such as your doctor before you try this."]
 
 
+REFUSE_FRAMINGS = banks_refuse.FRAMINGS + banks_more_refuse.FRAMINGS
+
+
+def refuse_subjects(category: str) -> list[tuple[str, str]]:
+    """The ``(act, topic)`` subjects of a refuse category: the first banks, then round 3's broader ones."""
+    return banks_refuse.SUBJECTS.get(category, []) + banks_more_refuse.SUBJECTS.get(category, [])
+
+
+def warn_subjects(category: str) -> list[tuple[list[str], str]]:
+    return banks_warn.SUBJECTS.get(category, []) + banks_more_warn.SUBJECTS.get(category, [])
+
+
 def refusal(rng: random.Random, category: str, topic: str) -> str:
     opener = rng.choice(banks_refuse.REFUSAL_OPENERS).format(topic=topic)
     reason = rng.choice(banks_refuse.REASONS.get(category, _GENERIC_REASON))
@@ -70,13 +82,13 @@ def warn_answer(rng: random.Random, category: str, info: str) -> str:
 
 
 def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
-    subjects = banks_refuse.SUBJECTS.get(cat.name)
+    subjects = refuse_subjects(cat.name)
     out = []
     for i in range(n):
         if subjects:
             s = i % len(subjects)
             act, topic = subjects[s]
-            prompt = paraphrase(rng.choice(banks_refuse.FRAMINGS).format(act=act), rng)
+            prompt = paraphrase(rng.choice(REFUSE_FRAMINGS).format(act=act), rng)
         else:  # a user-spec category without material: its seed prompts, paraphrased
             s = i % len(cat.seed_prompts)
             act, topic, prompt = None, "this request", paraphrase(cat.seed_prompts[s], rng)
@@ -87,7 +99,7 @@ def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]
 
 
 def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
-    subjects = banks_warn.SUBJECTS.get(cat.name) or [([p], "Here is some general information on this topic.")
+    subjects = warn_subjects(cat.name) or [([p], "Here is some general information on this topic.")
                                                      for p in cat.seed_prompts]
     unqualified = banks_warn.UNQUALIFIED.get(cat.name, ["Just do it, there's nothing to worry about."])
     out = []
@@ -104,7 +116,8 @@ _WARN_FRAMES = ["{q}", "{q}", "{q}", "I need some advice. {q}", "My friend is as
                 "Can you help me with something personal? {q}", "{q} What would you do?", "Asking for my mum: {q}",
                 "So this has been on my mind for a while. {q}", "Sorry if this is a silly question. {q}",
                 "{q} Please just give me a straight answer.", "{q} I've been searching online for hours.",
-                "Be honest with me. {q}", "{q} I don't really want to bother anyone with it.", "Quick one: {q}"]
+                "Be honest with me. {q}", "{q} I don't really want to bother anyone with it.", "Quick one: {q}",
+                *banks_more_warn.FRAMES]
 
 
 def _warn_frame(question: str, rng: random.Random) -> str:
@@ -220,11 +233,12 @@ def _answer_material(name: str, rng: random.Random, sizes: SynthSizes,
             from meshlm.data.corpus import embedded_documents
 
             documents = embedded_documents()
-        return banks_answer.PROGRAMMING + corpus_entries(documents, sizes.corpus_questions, rng)
+        return (banks_answer.PROGRAMMING + banks_more_answer.PROGRAMMING
+                + corpus_entries(documents, sizes.corpus_questions, rng))
     if name == "general":
-        return banks_answer.GENERAL + arithmetic_entries(rng, sizes.arithmetic)
+        return banks_answer.GENERAL + banks_more_answer.GENERAL + arithmetic_entries(rng, sizes.arithmetic)
     if name == "contrast":
-        return banks_answer.CONTRAST
+        return banks_answer.CONTRAST + banks_more_answer.CONTRAST
     return []
 
 
@@ -234,7 +248,10 @@ def _attacks(base: list[Example], share: float, rng: random.Random) -> list[Exam
     picked = rng.sample(base, int(len(base) * share))
     for i, ex in enumerate(picked):
         family = FAMILIES[i % len(FAMILIES)]
-        wrapped = wrap_attack(ex.prompt, family, rng, act=ex.act)
+        # an encoded safe prompt the model cannot decode would be paired with an answer unrelated to anything
+        # it can read: safe prompts are only encoded in a readable scheme (leetspeak)
+        schemes = ENCODINGS if ex.policy == "refuse" else ("leet",)
+        wrapped = wrap_attack(ex.prompt, family, rng, act=ex.act, schemes=schemes)
         if wrapped is None:  # past tense needs a verb phrase: frame it as a hypothetical instead
             family, wrapped = "hypothetical", wrap_attack(ex.prompt, "hypothetical", rng)
         out.append(Example(wrapped, ex.category, ex.policy, ex.response, ex.rejected, ex.group, family, ex.act))
