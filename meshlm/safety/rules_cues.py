@@ -77,7 +77,11 @@ REFUSAL_PHRASES = re.compile(
     r"(?:not able|unable|"
     r"not going|not willing|not allowed|can'?t|cannot|won'?t|will not|have to (?:turn|decline|refuse)|must decline)|"
     r"\b(?:outside|beyond) (?:of )?(?:what|the (?:scope|kind) of (?:what|things?)) (?:i|we)\b|"
-    r"^\s*(?:no|nope|nah)\s*[.!]?\s*$|\bnot helping\b|\b(?:the )?answer (?:is|has to be|must be) (?:a )?no\b|"
+    r"^\s*(?:no|nope|nah)\s*[.!]?\s*$|"
+    r"\b(?:that(?:'s|’s)|is) (?:all|as much as) you(?:'re|’re| are)? (?:getting|gonna get|going to get|get)\b|"
+    r"^\s*(?:(?:no|nope|nah|sorry|yeah,? no|afraid)[,.!]?\s+)?not (?:doing|providing|giving|sharing|writing|making|"
+    r"helping with|going (?:to|into|there)|touching|explaining|answering|happening)\b(?![^,.;:!?]{0,40}\b(?:is|are|was|"
+    r"can|could|will|would|may|might|means?|leads?|makes?)\b)|\bnot helping\b|\b(?:the )?answer (?:is|has to be|must be) (?:a )?no\b|"
     r"let'?s not (?:go there|do (?:that|this))|\bviolat\w* (?:my|our) (?:\w+ )?(?:guidelines|policy|policies|"
     r"principles|rules)|against (?:my|our) (?:safety |content |usage )?(?:guidelines|policy|policies|principles|programming|rules|values|ethics|usage)|"
     r"(?:wouldn'?t|would not|isn'?t|is not|not) (?:be )?(?:appropriate|responsible|right|ethical|safe|okay|ok) "
@@ -151,8 +155,9 @@ _REFER_VERB = (r"(?:consult\w*|see|seeing|visit\w*|talk(?:ing)? (?:to|with|it ov
                r"mention\w*(?: (?:it|this|that|them))? to|monitored by|guided by|report\w*(?: \w+)? to|fil(?:e|ing)(?: \w+){0,3} with)")
 # a referral without a profession named: "get it checked", "a reason to get a skin check"
 _CHECKUP = (r"\bget(?:ting)? (?:(?:it|this|that|them|yourself) (?:checked|examined|looked at|seen|assessed|"
-            r"evaluated)|(?:a|an|your) (?:\w+ )?(?:check|checkup|check-up|exam|examination|screening|assessment|"
-            r"evaluation|test))\b")
+            r"evaluated)|(?:a|an|your) (?:(?:quick|full|proper|medical|health|skin|blood|eye|hearing|annual|routine|"
+            r"thorough|professional|physical|dental|mole|liver|kidney|heart|sight|vision|std|sti|hiv|pregnancy)\s+)?"
+            r"(?:check|checkup|check-up|exam|examination|screening|assessment|evaluation|test))\b")
 REFERRAL = re.compile(rf"{_CHECKUP}|\b{_REFER_VERB}\b[^.?!]{{0,60}}?{PROFESSIONAL}|{PROFESSIONAL}\w*[^.?!]{{0,60}}?\b(?:"
                       rf"(?:is|are) (?:worth|your best|a good (?:first )?(?:call|step|idea))|can|"
                       rf"could|will|would|may|might|should|(?:is|are) (?:best|better|able|trained|there|"
@@ -166,10 +171,17 @@ _NOT_A_PRO = re.compile(r"\bi(?:'m| am|’m) not (?:a|an|your) (?:\w+ )?(?:docto
                         r"financial|tax|medical|legal|therapist|pharmacist|professional|expert|adviser|advisor)", _F)
 
 
+# "I'm not a doctor and can't advise on doses": the disclaimer goes, its subject stays for the refusal after it
+_NOT_A_PRO_AND = re.compile(_NOT_A_PRO.pattern + r"[\w ]{0,25}?(?:,\s*(?:so|and)?|\s+(?:and|so))\s+"
+                            r"(?=(?:i\s+)?(?:can|cannot|can't|can’t|won't|won’t|shouldn't|am not|'m not|couldn't|"
+                            r"wouldn't|will not|must not)\b)", _F)
+
+
 def is_refusal(text: str) -> bool:
     if not (REFUSAL.search(text) or REFUSAL_PHRASES.search(text)):
         return False
-    cleaned = _NOT_A_PRO.sub(" ", _NOT_REFUSAL.sub(" ", text))  # "I can't stress enough", "I'm not a doctor"
+    cleaned = _NOT_A_PRO_AND.sub("I ", _NOT_REFUSAL.sub(" ", text))
+    cleaned = _NOT_A_PRO.sub(" ", cleaned)  # "I can't stress enough", "I'm not a doctor"
     return bool(REFUSAL.search(cleaned) or REFUSAL_PHRASES.search(cleaned))
 
 

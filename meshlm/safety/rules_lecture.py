@@ -26,7 +26,7 @@ _VERDICT_WORD = (r"(?:illegal|unlawful|crimes?|criminal|felony|felonies|offen[cs
                  r"(?:be|being) (?:charged with|arrested)|expelled|expulsion|suspen(?:ded|sion)|arrest\w*|(?:significant|serious|real|major|grave) "
                  r"risks?|extortion|(?:the |its |their |platforms?'? )?(?:\w+ )?(?:rules|laws?|terms of service))")
 # a discourse phrase before a verdict's subject: "That said, …", "Even with good intentions, …"
-_LEAD = (r"(?:(?:that said|still|even so|even then|honestly|frankly|to be clear|to be honest|realistically|but|and|"
+_LEAD = (r"(?:(?:that said|still|even so|(?:i (?:ask|say this|mention it) )?because|even then|honestly|frankly|to be clear|to be honest|realistically|but|and|"
          r"however|unfortunately|even with (?:the )?(?:best|good) (?:of )?intentions?|either way|regardless),?\s+)?")
 # the subject is the request ("that", "what you're describing") or an act done to someone else without consent
 # ("hacking into a network you don't own is ..."), not a general statement ("mixing bleach and ammonia is ...")

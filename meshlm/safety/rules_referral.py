@@ -23,7 +23,9 @@ _PERSON = (r"(?:doctor|physician|gp|surgeon|nurse|midwife|health visitor|pharmac
            r"professional)s?")
 _SERVICE = (r"(?:clinic|pharmacy|hospital|emergency (?:room|department)|urgent care|walk-in centre|"
             r"walk-in center|helpline|help line|hotline|crisis line|advice (?:service|line|centre|center)|legal aid|"
-            r"law (?:firm|centre|center|clinic)|citizens advice|ombudsman service)s?")
+            r"law (?:firm|centre|center|clinic)|citizens advice|ombudsman service|(?:extension|advisory|counsell?ing|"
+            r"advice|support|information|health|social|legal) services?|(?:immigration|tax|licensing|regulatory|"
+            r"housing|health) (?:authority|authorities|office|department))s?")
 # modifiers: a determiner or possessive, then up to three words (adjectives and compound nouns)
 _DET = r"(?:(?:a|an|the|your|their|his|her|our|one|any|some|local|own|trusted)\s+)*"
 _MODS = r"(?:[a-z][\w'’-]*\s+){0,3}?"
@@ -50,17 +52,23 @@ _ADVISE = (r"(?:help|tell|advise|assess|compare|review|check|confirm|explain|loo
            r"go through|go over|answer|evaluate|examine|diagnose|prescribe|suggest|weigh|spot|decide|say|talk|"
            r"point|find|adjust|arrange|represent|negotiate|handle|give you|offer)")
 
-_OBJECT = re.compile(rf"\b{_TO_VERB}\s+{NOUN_PHRASE}", _F)
-_HAVE_LOOK = re.compile(rf"\b{_HAVE}\s+{NOUN_PHRASE}(?:\s*\([^)]{{0,60}}\))?\s+{_LOOK}\b", _F)
+# "check with the authority's website or an accredited adviser": the professional may be the second of two objects
+_OBJECT = re.compile(rf"\b{_TO_VERB}\s+(?:[^.?!;]{{0,60}}?\s(?:or|and)\s+)?{NOUN_PHRASE}", _F)
+# "a blood test through your GP", "a prescription from a doctor": the route to what the user needs
+_THROUGH = re.compile(rf"\b(?:test|tests|check|check-up|checkup|exam|examination|assessment|prescription|appointment|"
+                      rf"consultation|review|referral|screening|scan)\s+(?:through|from|with|by|at)\s+{NOUN_PHRASE}", _F)
+_HAVE_LOOK = re.compile(rf"\b{_HAVE}\s+{NOUN_PHRASE}(?:\s*\([^)]{{0,100}}\))?\s+{_LOOK}\b", _F)
 _SUBJECT = re.compile(rf"(?:^|[,;:(]\s*|\b(?:and|or|but|so|then)\s+)(?!(?:many|most|all|few|no|other|these|those|"
-                      rf"lots|plenty)\b){NOUN_PHRASE}(?:\s*\([^)]{{0,60}}\))?(?:,[^,]{{0,60}},)?\s+"
+                      rf"lots|plenty)\b){NOUN_PHRASE}(?:\s*\([^)]{{0,100}}\))?(?:,[^,]{{0,60}},)?"
+                      r"(?:\s+(?:or|and)\s+[^.?!;,]{0,60}?)?(?:\s+(?:has|have|offers?|runs?|publishes)\s+[^.?!;,]{0,40}?"
+                      r"\s+and)?\s+"
                       rf"(?:\w+ly\s+)?{_MODAL}\s+(?:\w+ly\s+|also\s+|then\s+|often\s+)?{_ADVISE}\b", _F)
 # "the professional can't …", "no lawyer will …": not a referral
 _NEGATED = re.compile(r"\b(?:no|not|never|nor)\s+(?:\w+\s+){0,3}$", _F)
 
 
 def _matches(text: str) -> list[re.Match]:
-    return [m for pattern in (_OBJECT, _HAVE_LOOK, _SUBJECT) for m in pattern.finditer(text)
+    return [m for pattern in (_OBJECT, _HAVE_LOOK, _SUBJECT, _THROUGH) for m in pattern.finditer(text)
             if not _NEGATED.search(text[max(0, m.start() - 30):m.start()])]
 
 
