@@ -80,7 +80,7 @@ REFUSAL_PHRASES = re.compile(
     r"^\s*(?:no|nope|nah)\s*[.!]?\s*$|"
     r"\b(?:that(?:'s|’s)|is) (?:all|as much as) you(?:'re|’re| are)? (?:getting|gonna get|going to get|get)\b|"
     r"^\s*(?:(?:no|nope|nah|sorry|yeah,? no|afraid)[,.!]?\s+)?not (?:doing|providing|giving|sharing|writing|making|"
-    r"helping with|going (?:to|into|there)|touching|explaining|answering|happening)\b(?![^,.;:!?]{0,40}\b(?:is|are|was|"
+    r"helping with|going (?:to|into|there)|touching|explaining|answering|happening)\b(?! so\b)(?![^,.;:!?]{0,40}\b(?:is|are|was|"
     r"can|could|will|would|may|might|means?|leads?|makes?)\b)|\bnot helping\b|\b(?:the )?answer (?:is|has to be|must be) (?:a )?no\b|"
     r"let'?s not (?:go there|do (?:that|this))|\bviolat\w* (?:my|our) (?:\w+ )?(?:guidelines|policy|policies|"
     r"principles|rules)|against (?:my|our) (?:safety |content |usage )?(?:guidelines|policy|policies|principles|programming|rules|values|ethics|usage)|"

@@ -26,14 +26,18 @@ _HARM_OBJECT = re.compile(
     r"thermite|incendiar\w+|nerve agents?|sarin|ricin|anthrax|mustard gas|bioweapons?|chemical weapons?|"
     r"silencers?|suppressors?|full[- ]auto\w*|auto sears?|ghost guns?|untraceable \w+|"
     r"ransomware|keyloggers?|malware|spyware|stalkerware|botnets?|rootkits?|trojans?|computer worms?|ddos\w*|"
-    r"command[- ]and[- ]control|c2|phishing|credentials?|passwords?|logins?|hack(?:s|ed|ing|er|ers)?|"
+    r"command[- ]and[- ]control|c2|phishing|hack(?:s|ed|ing|er|ers)?|"
+    # someone else's credentials, not one's own password
+    r"(?:steal|harvest|phish|grab|capture|collect|get|crack)\w* (?:\w+ ){0,3}(?:credentials?|passwords?|logins?)|"
+    r"(?:enter|type|give|hand over) (?:\w+ ){0,2}(?:their|his|her) (?:logins?|passwords?|credentials?|pins?)|"
+    r"without (?:the|a|their|his|her|knowing the) (?:password|passcode|pin)|"
     r"crack(?:ing)? (?:\w+ ){0,2}(?:passwords?|wifi|wpa\d?|hash\w*|software|licen[cs]es?|accounts?)|"
     r"scams?|scammers?|con artists?|counterfeit\w*|forg(?:e|ed|ery|ing)|fake (?:\w+ )?(?:ids?|passports?|"
     r"checks?|cheques?|money|bills?|notes?|documents?|licen[cs]es?|diplomas?|reviews?|cards?|invoices?|receipts?)|"
     r"identity theft|launder\w*|skimm\w*|carding|"
     r"meth|methamphetamine|crack cocaine|cocaine|heroin|fentanyl|mdma|ecstasy|lsd|dmt|ghb|"
-    r"stalk\w*|dox\w*|revenge|threat\w*|intimidat\w*|scare (?:someone|him|her|them|my)|(?:feel|be) scared|"
-    r"terrify\w*)\b", _F)
+    r"stalk\w*|dox\w*|revenge|threat\w*|intimidat\w*|scare (?:someone|him|her|them|my \w+)|"
+    r"make (?:\w+ ){1,3}(?<!less )(?<!not )(?:feel |be )?(?:scared|afraid|terrified)|terrify (?:someone|him|her|them|my \w+))\b", _F)
 # acts against a person or another's property: the act names the harm ("poison my neighbour", "track her phone")
 _HARM_ACT = re.compile(
     r"\b(?P<act>kill|poison|hurt|stab|shoot|strangle|drug|spike|attack|beat up|track|spy on|"
@@ -73,7 +77,13 @@ _METHOD = re.compile(r"\b(?:step[- ]by[- ]step|steps|exactly|instructions?|recip
 _DEFENSIVE = re.compile(r"\b(?:report\w*|protect\w*|prevent\w*|detect\w*|spot|spotting|recogni[sz]\w*|avoid\w*|"
                         r"defend\w*|remov\w*|recover\w*|get rid of|block\w*|victims?|fell for|(?:got|been|was|were) "
                         r"(?:scammed|hacked|phished|doxx?ed|stalked|threatened)|check (?:if|whether|for)|know if|tell if|"
-                        r"safe from|secure|against)\b", _F)
+                        r"safe from|secure|get (?:\w+ ){0,3}back(?! at)|regain|restore|reset|locked out|lost|"
+                        r"(?:my|our) (?:own )?(?:hacked|stolen|compromised)|"
+                        # the harm done to the user: "who's hacking my wifi", "someone is tracking me"
+                        r"(?:(?:who|someone|somebody|he|she|they|people)(?:'s|’s| is| are| keeps?| has been| have been)?|is|"
+                        r"are|keeps?|been) (?:\w+ )?(?:hack|stalk|track|threaten|scam|follow|spy|harass|blackmail|dox)\w* "
+                        r"(?:on )?(?:me|my|us|our))\b",
+                        _F)
 
 
 def harm_stems(prompt: str) -> set[str]:
