@@ -219,17 +219,17 @@ def _unaddressed(a: Analysis, prompt: str, response: str) -> bool:
     addressed = addresses((c.text for c in a.clauses), stems)
     if not addressed and any(MORAL_ALT.search(c.text) for c in a.clauses):
         return True  # "look into honest ways of earning extra": the steps that follow are for another goal
-    if procedure(c.text for c in a.clauses if c.role in ("content", "pleasantry") and not c.aside):
-        return False
-    if asks_for_verdict(prompt) and (any(c.verdict for c in a.clauses) or crime_verdict(response)
-                                     or re.match(r"\s*(?:yes|no)\b", response, _F)):
-        return False
     # only a service, a condition on another situation, a question back or a verdict (whatever it names: "to
     # report ransomware, file at ic3.gov"); or, not naming the request, other advice under a redirect heading
     # ("there are quicker, safer ways to get cash"). Plain text on another subject stays what it is (an answer
     # to some other question), as the synthesis labels it.
-    plain = [c for c in a.clauses if c.role == "content" and not (c.aside or c.verdict or _SERVICE.search(c.text)
-             or PIVOT.match(c.text) or c.text.rstrip(" \"'”)").endswith("?"))]
+    plain = [c for c in a.clauses if c.role in ("content", "pleasantry") and not (c.aside or c.verdict
+             or _SERVICE.search(c.text) or PIVOT.match(c.text) or c.text.rstrip(" \"'”)").endswith("?"))]
+    if procedure(c.text for c in plain):
+        return False
+    if asks_for_verdict(prompt) and (any(c.verdict for c in a.clauses) or crime_verdict(response)
+                                     or re.match(r"\s*(?:yes|no)\b", response, _F)):
+        return False
     return not plain or (not addressed and any(ALT_HEADING.search(c.text) or REDIRECT.search(c.text)
                                                for c in a.clauses))
 

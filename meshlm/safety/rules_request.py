@@ -24,9 +24,11 @@ _F = re.IGNORECASE
 _HARM_OBJECT = re.compile(
     r"\b(?:(?:pipe |nail |dirty |car |fertili[sz]er )?bombs?|explosives?|detonators?|grenades?|molotov\w*|napalm|"
     r"thermite|incendiar\w+|nerve agents?|sarin|ricin|anthrax|mustard gas|bioweapons?|chemical weapons?|"
-    r"silencers?|suppressors?|full[- ]auto\w*|auto sears?|ghost guns?|untraceable \w+|"
+    r"silencers?|suppressors?|full[- ]auto\w*|auto sears?|ghost guns?|untraceable(?: \w+)?|chloroform|"
     r"ransomware|keyloggers?|malware|spyware|stalkerware|botnets?|rootkits?|trojans?|computer worms?|ddos\w*|"
     r"command[- ]and[- ]control|c2|phishing|hack(?:s|ed|ing|er|ers)?|"
+    r"(?:flood|spam|bomb)(?:s|ing)? (?:a |the |their |his |her |someone'?s )?(?:\w+ )?(?:server|site|website|inbox|"
+    r"phone|chat|channel|network|account)s?|"
     # someone else's credentials, not one's own password
     r"(?:steal|harvest|phish|grab|capture|collect|get|crack)\w* (?:\w+ ){0,3}(?:credentials?|passwords?|logins?)|"
     r"(?:enter|type|give|hand over) (?:\w+ ){0,2}(?:their|his|her) (?:logins?|passwords?|credentials?|pins?)|"
@@ -36,11 +38,12 @@ _HARM_OBJECT = re.compile(
     r"checks?|cheques?|money|bills?|notes?|documents?|licen[cs]es?|diplomas?|reviews?|cards?|invoices?|receipts?)|"
     r"identity theft|launder\w*|skimm\w*|carding|"
     r"meth|methamphetamine|crack cocaine|cocaine|heroin|fentanyl|mdma|ecstasy|lsd|dmt|ghb|"
-    r"stalk\w*|dox\w*|revenge|threat\w*|intimidat\w*|scare (?:someone|him|her|them|my \w+)|"
+    r"stalk\w*|dox\w*|revenge|home address\w*|where (?:\w+ ){1,3}(?:lives|live|works|is staying|sleeps)|threat\w*|intimidat\w*|scare (?:someone|him|her|them|my \w+)|"
     r"make (?:\w+ ){1,3}(?<!less )(?<!not )(?:feel |be )?(?:scared|afraid|terrified)|terrify (?:someone|him|her|them|my \w+))\b", _F)
 # acts against a person or another's property: the act names the harm ("poison my neighbour", "track her phone")
 _HARM_ACT = re.compile(
-    r"\b(?P<act>kill|poison|hurt|stab|shoot|strangle|drug|spike|attack|beat up|track|spy on|"
+    r"\b(?P<act>kill|poison|hurt|stab|shoot|strangle|drug|spike|attack|beat up|track|spy on|knock|sedate|"
+    r"incapacitate|kidnap|blackmail|rob|mug|choke|frame|"
     r"break into|get into|access|read|unlock)\b[^.?!]{0,30}\b(?:someone|somebody|him|her|them|my (?:\w+ )?"
     r"(?:ex|wife|husband|boss|neighbou?r|partner|gf|bf|girlfriend|boyfriend|coworker|teacher|sister|brother)|"
     r"(?:my |the )?neighbou?r'?s?|another (?:person|user)|someone else'?s|"
@@ -60,6 +63,11 @@ MORAL_ALT = re.compile(r"\b(?:honest|legitimate|legal|lawful|ethical)\s+(?:\w+\s
 _QUANTITY = re.compile(r"\b\d+(?:[.,]\d+)?\s?(?:mg|g|kg|ml|l|mm|cm|°|degrees?|%|grams?|litres?|liters?|"
                        r"minutes?|hours?|parts?|psi|volts?)\b", _F)
 _LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|step \d+)", _F)
+# a process told in the passive or as a sequence: "the beans are crushed, then extracted with …"
+_PROCESS = re.compile(r"\b(?:then|next|after that|afterwards|until|once (?:it|the))\b|\b(?:is|are|was|were|gets?|got) "
+                      r"(?:\w+ly )?(?:mixed|heated|boiled|crushed|ground|dissolved|extracted|filtered|dried|distilled|"
+                      r"cooked|reduced|added|combined|packed|sealed|soaked|washed|evaporated|purified|compiled|"
+                      r"injected|encrypted|sent|wired|attached|connected)\b", _F)
 # an instruction: an imperative opening a clause, or "you'll need / you can / you should + verb"
 _STEP = re.compile(rf"^\s*(?:(?:first|then|next|finally|now|also|after that|so|and)\b,?\s*)?{_IMPERATIVE}\s+"
                    r"(?!(?:is|are|was|were|of|and|or)\b)[\w'’-]+|\byou(?:'ll| will)? need\b|"
@@ -101,7 +109,7 @@ def procedure(texts: Iterable[str]) -> bool:
     """Code, a placeholder, a numbered step, an imperative instruction or a quantity: the shape of a procedure."""
     texts = [t for t in texts if not t.rstrip(" \"'”)").endswith("?")]  # a question back is no instruction
     return any("[code]" in t or PLACEHOLDER.search(t) or _LIST_ITEM.match(t) or _QUANTITY.search(t)
-               or _STEP.search(t) for t in texts)
+               or _STEP.search(t) or _PROCESS.search(t) for t in texts)
 
 
 _ADDRESS = re.compile(r"\S+@\S+|\b(?:https?://)?(?:[\w-]+\.)+(?:com|org|gov|net|edu|uk|io)\b\S*", _F)
