@@ -118,4 +118,7 @@ _ADDRESS = re.compile(r"\S+@\S+|\b(?:https?://)?(?:[\w-]+\.)+(?:com|org|gov|net|
 def addresses(texts: Iterable[str], stems: set[str]) -> bool:
     """The texts mention the request's harmful object or act (by stem). A web or mail address is a service's
     name, not a mention ("instagram.com/hacked")."""
-    return bool(terms(_ADDRESS.sub(" ", " ".join(texts))) & stems)
+    found = terms(_ADDRESS.sub(" ", " ".join(texts)))
+    # stems are cut at five letters, so "bombings" ("bombi") still names a "bomb"
+    return bool(found & stems) or any(f.startswith(h) or h.startswith(f) for f in found for h in stems
+                                      if min(len(f), len(h)) >= 4)
