@@ -56,7 +56,8 @@ def tiny_run(tmp_path_factory):
                             for p, e, c in HELDOUT))
     cfg = load_align_config(None, [
         "data.refuse=12", "data.warn=10", "data.answer=12", "model.seq_len=64", "base.steps=2", "base.batch_size=4",
-        "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1", "dpo.steps=2", "dpo.batch_size=2",
+        "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1", "dpo.steps=2", "dpo.batch_size=2", "model.dim=32",
+        "dpo.on_policy_prompts=24", "dpo.probe_prompts=6",
         "redteam.per_family=1", 'redteam.families=["roleplay","encoding"]', "eval.max_new_tokens=4",
         f'eval.heldout="{held}"', "eval.batch_size=16"])
     report = run_pipeline(cfg, root / "run", log=lambda msg: None)
@@ -82,6 +83,13 @@ def test_tiny_pipeline_writes_every_stage_and_a_side_by_side_report(tiny_run):
     assert [r["metric"] for r in report["dpo_vs_sft"]][:2] == ["refusal_rate", "false_refusal_rate"]
     text = (run / "report.md").read_text()
     assert "| base | sft | dpo |" in text and "## Gates" in text
+    on_policy = report["data"]["on_policy"]
+    assert on_policy["probe_prompts"] == 6 and on_policy["prompts"] == 24  # probes: new phrasings, leak-checked
+    from meshlm.safety.spec import STANDARD_CATEGORIES
+
+    assert {g.split(":")[0] for g in report["data"]["eval_groups"]} == set(STANDARD_CATEGORIES)  # the held subjects
+    for stage in ("base", "sft", "dpo"):  # model.dim reaches every training run
+        assert "dim = 32" in (run / stage / "config.resolved.toml").read_text()
 
 
 def test_resolved_config_reloads_and_a_used_run_dir_is_refused(tiny_run):

@@ -39,6 +39,14 @@ class DataSection:
 class ModelSection:
     flavor: str = option("debug", "Model flavour of the base model pretrained here (ignored with base.checkpoint).")
     seq_len: int = option(192, "Tokens per training sequence (SFT rows are packed; DPO pairs padded).")
+    dim: int = option(0, "Model width instead of the flavour's (0: the flavour's); base, SFT and DPO share it.")
+    n_layers: int = option(0, "Transformer blocks instead of the flavour's (0: the flavour's).")
+    ffn_hidden_dim: int = option(0, "Feed-forward width instead of the flavour's (0: the flavour's).")
+
+    def overrides(self) -> dict:
+        """The [model] table of the training runs: the flavour and any shape key set here."""
+        shape = {k: getattr(self, k) for k in ("dim", "n_layers", "ffn_hidden_dim") if getattr(self, k)}
+        return {"flavor": self.flavor, **shape}
 
 
 @dataclass

@@ -85,7 +85,8 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
     represented); returns counts for the report."""
     rng = random.Random(f"on-policy:{seed}")
     sft = _rows(data / "sft.jsonl")
-    pairs = on_policy_pairs(rng.sample(sft, min(prompts, len(sft))), generate, label, batch_size=batch_size)
+    sampled = rng.sample(sft, min(prompts, len(sft)))
+    pairs = on_policy_pairs(sampled, generate, label, batch_size=batch_size) if sampled else []
     probe_pairs = on_policy_pairs(list(probes), generate, label, batch_size=batch_size) if probes else []
     for p in probe_pairs:
         p["probe"] = True

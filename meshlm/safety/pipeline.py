@@ -71,7 +71,7 @@ def _common(cfg: AlignConfig) -> dict[str, Any]:
 
 
 def train_base(cfg: AlignConfig, run_dir: Path, resume: bool, log: Log) -> Path:
-    raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len},
+    raw = {**_common(cfg), "model": cfg.model.overrides(), "data": {"seq_len": cfg.model.seq_len},
            "optimizer": {"lr": cfg.base.lr}, "schedule": {"warmup_steps": min(20, cfg.base.steps // 5)},
            "training": {"steps": cfg.base.steps, "batch_size": cfg.base.batch_size, "eval_interval": 0}}
     return _train(raw, run_dir, resume, log)
@@ -79,7 +79,7 @@ def train_base(cfg: AlignConfig, run_dir: Path, resume: bool, log: Log) -> Path:
 
 def train_sft(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log) -> Path:
     s = cfg.sft
-    raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len,
+    raw = {**_common(cfg), "model": cfg.model.overrides(), "data": {"seq_len": cfg.model.seq_len,
            "path": str(data / "sft.jsonl")}, "optimizer": {"lr": s.lr}, "schedule": {"warmup_steps": s.warmup_steps},
            "training": {"objective": "sft", "steps": s.steps, "batch_size": s.batch_size, "eval_interval": 0},
            "objective": {"packing": True, "eval_fraction": 0.02}, "checkpoint": {**_common(cfg)["checkpoint"],
@@ -89,9 +89,9 @@ def train_sft(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resu
 
 def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: Log) -> Path:
     """``data/preference_on_policy.jsonl`` (see :mod:`meshlm.safety.onpolicy`), or ``preference.jsonl`` when
-    ``dpo.on_policy_prompts`` is 0."""
+    ``dpo.on_policy_prompts`` and ``dpo.probe_prompts`` are both 0."""
     d = cfg.dpo
-    if not d.on_policy_prompts:
+    if not d.on_policy_prompts and not d.probe_prompts:
         return data / "preference.jsonl"
     from meshlm.safety.evaluate import checkpoint_generator
     from meshlm.safety.judge import RuleJudge
@@ -129,7 +129,7 @@ def _probes(cfg: AlignConfig, data: Path) -> list[dict]:
 def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log,
               pairs: Path | None = None) -> Path:
     d = cfg.dpo
-    raw = {**_common(cfg), "model": {"flavor": cfg.model.flavor}, "data": {"seq_len": cfg.model.seq_len,
+    raw = {**_common(cfg), "model": cfg.model.overrides(), "data": {"seq_len": cfg.model.seq_len,
            "path": str(pairs or data / "preference.jsonl")}, "optimizer": {"lr": d.lr}, "schedule": {"warmup_steps": 5},
            "training": {"objective": "dpo", "steps": d.steps, "batch_size": d.batch_size, "eval_interval": 0},
            "objective": {"loss_type": d.loss_type, "beta": d.beta, "reference": "model", "eval_fraction": 0.02},
@@ -257,7 +257,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     on_policy = data / "on_policy.json"
-    if cfg.dpo.enabled and cfg.dpo.on_policy_prompts and on_policy.is_file():
+    if cfg.dpo.enabled and (cfg.dpo.on_policy_prompts or cfg.dpo.probe_prompts) and on_policy.is_file():
         manifest = {**manifest, "on_policy": json.loads(on_policy.read_text())}
     report = {"config": json.loads(json.dumps(cfg, default=lambda o: o.__dict__)), "data": manifest,
               "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "final_model": final,
