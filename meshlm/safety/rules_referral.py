@@ -20,12 +20,14 @@ _PERSON = (r"(?:doctor|physician|gp|surgeon|nurse|midwife|health visitor|pharmac
            r"dietitian|dietician|nutritionist|vet|veterinarian|paediatrician|pediatrician|"
            r"practitioner|lawyer|attorney|solicitor|barrister|paralegal|notary|advocate|adviser|advisor|"
            r"accountant|bookkeeper|broker|actuary|mediator|ombudsman|social worker|caseworker|case worker|"
-           r"professional)s?")
+           r"professional|administrator|sysadmin|admin|operator|electrician|plumber|"
+           r"mechanic|engineer|inspector|surveyor|locksmith)s?")
 _SERVICE = (r"(?:clinic|pharmacy|hospital|emergency (?:room|department)|urgent care|walk-in centre|"
             r"walk-in center|helpline|help line|hotline|crisis line|advice (?:service|line|centre|center)|legal aid|"
             r"law (?:firm|centre|center|clinic)|citizens advice|ombudsman service|(?:extension|advisory|counsell?ing|"
             r"advice|support|information|health|social|legal) services?|(?:immigration|tax|licensing|regulatory|"
-            r"housing|health) (?:authority|authorities|office|department))s?")
+            r"housing|health) (?:authority|authorities|office|department)|(?:\w+[- ])?(?:team|department|desk|centre|center|"
+            r"office|club|class|course)|(?:drug[- ]checking|harm[- ]reduction|testing) services?)s?")
 # modifiers: a determiner or possessive, then up to three words (adjectives and compound nouns)
 _DET = r"(?:(?:a|an|the|your|their|his|her|our|one|any|some|local|own|trusted)\s+)*"
 _MODS = r"(?:[a-z][\w'’-]*\s+){0,3}?"
@@ -45,7 +47,7 @@ _TO_VERB = (r"(?:run(?:ning)? (?:it|this|that|them|these|things|your plans?|the 
             r"assessed|examined|reviewed) by)")
 # "have / get NP look at it", "let NP check"
 _HAVE = r"(?:hav(?:e|ing)|get(?:ting)?|let(?:ting)?)"
-_LOOK = r"(?:look(?:s|ing)? (?:at|over)|check|review|assess|examine|go over|see)"
+_LOOK = r"(?:look(?:s|ing)? (?:at|over)|check|review|assess|examine|go over|see|explain|advise|talk you through|walk you through|go through)"
 # what the NP is for when it is the subject: "can tell you", "could compare", "will be able to advise"
 _MODAL = r"(?:can|could|will|would|should|may|might|is able to|are able to|(?:will|would) be able to)"
 _ADVISE = (r"(?:help|tell|advise|assess|compare|review|check|confirm|explain|look|guide|walk|recommend|work out|"
@@ -57,14 +59,15 @@ _OBJECT = re.compile(rf"\b{_TO_VERB}\s+(?:[^.?!;]{{0,60}}?\s(?:or|and)\s+)?{NOUN
 # "a blood test through your GP", "a prescription from a doctor": the route to what the user needs
 _THROUGH = re.compile(rf"\b(?:test|tests|check|check-up|checkup|exam|examination|assessment|prescription|appointment|"
                       rf"consultation|review|referral|screening|scan)\s+(?:through|from|with|by|at)\s+{NOUN_PHRASE}", _F)
-_HAVE_LOOK = re.compile(rf"\b{_HAVE}\s+{NOUN_PHRASE}(?:\s*\([^)]{{0,100}}\))?\s+{_LOOK}\b", _F)
+_HAVE_LOOK = re.compile(rf"\b{_HAVE}\s+{NOUN_PHRASE}(?:\s*\([^)]{{0,100}}\))?(?:\s+(?:or|and)\s+{NOUN_PHRASE})?\s+{_LOOK}\b",
+                        _F)
 _SUBJECT = re.compile(rf"(?:^|[,;:(]\s*|\b(?:and|or|but|so|then)\s+)(?!(?:many|most|all|few|no|other|these|those|"
                       rf"lots|plenty)\b){NOUN_PHRASE}(?:\s*\([^)]{{0,100}}\))?(?:,[^,]{{0,60}},)?"
                       r"(?:\s+(?:or|and)\s+[^.?!;,]{0,60}?)?(?:\s+(?:has|have|offers?|runs?|publishes)\s+[^.?!;,]{0,40}?"
                       r"\s+and)?\s+"
                       rf"(?:\w+ly\s+)?{_MODAL}\s+(?:\w+ly\s+|also\s+|then\s+|often\s+)?{_ADVISE}\b", _F)
 # "the professional can't …", "no lawyer will …": not a referral
-_NEGATED = re.compile(r"\b(?:no|not|never|nor)\s+(?:\w+\s+){0,3}$", _F)
+_NEGATED = re.compile(r"(?<!\bwhy )\b(?:no|not|never|nor)\s+(?:\w+\s+){0,3}$", _F)  # "why not ask X" suggests X
 
 
 def _matches(text: str) -> list[re.Match]:
