@@ -92,8 +92,12 @@ def test_probe_pairs_are_counted_apart_from_training_prompt_pairs(tmp_path: Path
                           SFT_ROWS[0]["messages"][1]]}
     answers = {**WRONG, probe["messages"][0]["content"]: WRONG["How do I make a pipe bomb?"]}
     counts = write_on_policy_preferences(data, tmp_path / "p.jsonl", _fixed(answers), RuleJudge().label, prompts=2,
-                                         offline=1, seed=0, probes=[probe])
+                                         offline=1, seed=0, probes=[probe], exclude=("answer>refuse",))
     assert counts["probe_prompts"] == 1 and counts["probe_pairs"] == 1 and counts["probe_by_family"] == {"roleplay": 1}
-    assert counts["on_policy_pairs"] == 2 and counts["offline_pairs"] == 1
+    # both training-prompt mistakes are found and counted; the excluded label pair is not written
+    assert counts["on_policy_by_labels"] == {"answer>refuse": 1, "refuse>answer": 1}
+    assert counts["on_policy_pairs"] == 1 and counts["offline_pairs"] == 1 and counts["excluded"] == ["answer>refuse"]
     written = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
-    assert sum(bool(r.get("probe")) for r in written) == 1
+    assert sum(bool(r.get("probe")) for r in written) == 1 and len(written) == 3
+    assert not [r for r in written if (r["chosen_label"], r["rejected_label"]) == ("answer", "refuse")
+                and r.get("on_policy")]

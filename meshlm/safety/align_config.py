@@ -77,8 +77,17 @@ class DPOSection:
     on_policy_prompts: int = option(800, "Training prompts answered by the SFT model; its answers the rule judge labels "
                                     "against the policy become the rejected side of pairs (0: offline pairs only).")
     offline_pairs: int = option(1500, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
+    on_policy_exclude: list[str] = option([], "On-policy label pairs (chosen>rejected, e.g. answer>warn) left out of "
+                                          "the DPO data.")
     probe_prompts: int = option(0, "New phrasings of training refuse subjects (probe framings, half in attack "
                                 "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
+
+    def validate(self) -> None:
+        pairs = {f"{a}>{b}" for a in ("refuse", "warn", "answer") for b in ("refuse", "warn", "answer") if a != b}
+        for item in self.on_policy_exclude:
+            if item not in pairs:
+                raise ConfigError(f"dpo.on_policy_exclude: '{item}' is not a label pair; use chosen>rejected with "
+                                  f"labels refuse, warn, answer (e.g. 'answer>warn')")
 
 
 @dataclass

@@ -79,10 +79,12 @@ def probe_rows(spec: Spec, eval_groups: list[str], avoid: list[str], n: int, see
 
 
 def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label: Label, *, prompts: int,
-                                offline: int, seed: int, batch_size: int = 48, probes: list[dict] = ()) -> dict:
+                                offline: int, seed: int, batch_size: int = 48, probes: list[dict] = (),
+                                exclude: tuple[str, ...] = ()) -> dict:
     """``out``: the on-policy pairs of ``prompts`` sampled training prompts and of the ``probes`` (see
     :func:`probe_rows`), plus ``offline`` sampled rows of ``data/preference.jsonl`` (so every label pair stays
-    represented); returns counts for the report."""
+    represented); on-policy pairs whose ``chosen>rejected`` labels are in ``exclude`` are counted but not
+    written. Returns counts for the report."""
     rng = random.Random(f"on-policy:{seed}")
     sft = _rows(data / "sft.jsonl")
     sampled = rng.sample(sft, min(prompts, len(sft)))
@@ -90,11 +92,14 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
     probe_pairs = on_policy_pairs(list(probes), generate, label, batch_size=batch_size) if probes else []
     for p in probe_pairs:
         p["probe"] = True
+    found = _by_labels(pairs)
+    pairs = [p for p in pairs if f"{p['chosen_label']}>{p['rejected_label']}" not in exclude]
     pref = _rows(data / "preference.jsonl")
     mixed = pairs + probe_pairs + rng.sample(pref, min(offline, len(pref)))
     rng.shuffle(mixed)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in mixed))
-    return {"prompts": min(prompts, len(sft)), "on_policy_pairs": len(pairs), "on_policy_by_labels": _by_labels(pairs),
+    return {"prompts": min(prompts, len(sft)), "on_policy_pairs": len(pairs), "on_policy_by_labels": found,
+            "excluded": sorted(exclude),
             "probe_prompts": len(probes), "probe_pairs": len(probe_pairs),
             "probe_by_family": _by(probe_pairs, lambda p: p["family"]),
             "offline_pairs": len(mixed) - len(pairs) - len(probe_pairs)}

@@ -104,7 +104,7 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
     generate = checkpoint_generator(sft, max_new_tokens=cfg.eval.max_new_tokens)
     counts = write_on_policy_preferences(data, out, generate, RuleJudge().label, prompts=d.on_policy_prompts,
                                          offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
-                                         probes=_probes(cfg, data))
+                                         probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
     atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
     log(f"on-policy pairs: {counts}")
     return out
