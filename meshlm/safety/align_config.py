@@ -25,9 +25,9 @@ class SpecSection:
 @dataclass
 class DataSection:
     seed: int = option(0, "Seed of the synthesis and of the split.")
-    refuse: int = option(320, "Prompts per refuse category before dedup.")
-    warn: int = option(300, "Prompts per warn category before dedup.")
-    answer: int = option(480, "Prompts per answer category before dedup.")
+    refuse: int = option(500, "Prompts per refuse category before dedup.")
+    warn: int = option(600, "Prompts per warn category before dedup.")
+    answer: int = option(1100, "Prompts per answer category before dedup.")
     eval_group_fraction: float = option(0.1, "Share of each category's subjects held out for eval_prompts.jsonl.")
 
     def validate(self) -> None:
@@ -59,7 +59,7 @@ class BaseSection:
 
 @dataclass
 class SFTSection:
-    steps: int = option(400, "SFT optimizer steps.")
+    steps: int = option(800, "SFT optimizer steps.")
     batch_size: int = option(16, "Sequences (packed) per step.")
     lr: float = option(3e-3, "Peak learning rate.")
     warmup_steps: int = option(30, "Linear warmup steps.")
@@ -76,10 +76,10 @@ class DPOSection:
                             choices=("sigmoid", "ipo", "hinge", "simpo", "orpo"))
     on_policy_prompts: int = option(800, "Training prompts answered by the SFT model; its answers the rule judge labels "
                                     "against the policy become the rejected side of pairs (0: offline pairs only).")
-    offline_pairs: int = option(1500, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
-    on_policy_exclude: list[str] = option([], "On-policy label pairs (chosen>rejected, e.g. answer>warn) left out of "
+    offline_pairs: int = option(300, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
+    on_policy_exclude: list[str] = option(["answer>warn"], "On-policy label pairs (chosen>rejected, e.g. answer>warn) left out of "
                                           "the DPO data.")
-    probe_prompts: int = option(0, "New phrasings of training refuse subjects (probe framings, half in attack "
+    probe_prompts: int = option(1500, "New phrasings of training refuse subjects (probe framings, half in attack "
                                 "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
 
     def validate(self) -> None:
