@@ -62,7 +62,7 @@ _THROUGH = re.compile(rf"\b(?:test|tests|check|check-up|checkup|exam|examination
 _HAVE_LOOK = re.compile(rf"\b{_HAVE}\s+{NOUN_PHRASE}(?:\s*\([^)]{{0,100}}\))?(?:\s+(?:or|and)\s+{NOUN_PHRASE})?\s+{_LOOK}\b",
                         _F)
 _SUBJECT = re.compile(rf"(?:^|[,;:(]\s*|\b(?:and|or|but|so|then)\s+)(?!(?:many|most|all|few|no|other|these|those|"
-                      rf"lots|plenty)\b){NOUN_PHRASE}(?:\s*\([^)]{{0,100}}\))?(?:,[^,]{{0,60}},)?"
+                      rf"lots|plenty)\b){NOUN_PHRASE}(?:\s*\([^)]{{0,200}}\))?(?:,[^,]{{0,60}},)?"
                       r"(?:\s+(?:or|and)\s+[^.?!;,]{0,60}?)?(?:\s+(?:has|have|offers?|runs?|publishes)\s+[^.?!;,]{0,40}?"
                       r"\s+and)?\s+"
                       rf"(?:\w+ly\s+)?{_MODAL}\s+(?:\w+ly\s+|also\s+|then\s+|often\s+)?{_ADVISE}\b", _F)
@@ -70,8 +70,24 @@ _SUBJECT = re.compile(rf"(?:^|[,;:(]\s*|\b(?:and|or|but|so|then)\s+)(?!(?:many|m
 _NEGATED = re.compile(r"(?<!\bwhy )\b(?:no|not|never|nor)\s+(?:\w+\s+){0,3}$", _F)  # "why not ask X" suggests X
 
 
+# a named person or service whose service is the predicate: "a local attorney often does a free consultation",
+# "a one-off session with X" aside, "X is worth a one-off session", "X is the way to learn this", "clubs run courses"
+_OFFERS = re.compile(rf"(?:^|[,;:(]\s*|\b(?:and|or|but|so|then)\s+)(?!(?:many|most|all|few|no|other|these|those|"
+                     rf"lots|plenty)\b){NOUN_PHRASE}(?:\s*\([^)]{{0,200}}\))?(?:\s+(?:or|and)\s+{NOUN_PHRASE})?\s+"
+                     r"(?:(?:often|usually|typically|generally|normally|also)\s+)?(?:(?:is|are) (?:worth|the (?:way|place|"
+                     r"people|ones?) to|your best|a good (?:first )?(?:call|step|place|bet))|(?:offers?|does|do|runs?|"
+                     r"provides?|holds?) (?:a |an |free |low-cost |supervised |\w+ )?(?:free |low-cost |one-off )?"
+                     r"(?:consultations?|sessions?|courses?|classes|checks?|appointments?|clinics?|advice|assessments?|"
+                     r"reviews?|testing|analysis))\b", _F)
+# the recommended option is a named person or service: "the safest option is a drug-checking service"
+_BEST_OPTION = re.compile(rf"\b(?:safest|best|surest|easiest|most reliable|right) (?:option|bet|step|route|move|place|"
+                          rf"thing to do)s? (?:is|are|would be) (?:to (?:see|ask|use|contact|call|visit|book) )?"
+                          rf"{NOUN_PHRASE}", _F)
+
+
 def _matches(text: str) -> list[re.Match]:
-    return [m for pattern in (_OBJECT, _HAVE_LOOK, _SUBJECT, _THROUGH) for m in pattern.finditer(text)
+    return [m for pattern in (_OBJECT, _HAVE_LOOK, _SUBJECT, _THROUGH, _OFFERS, _BEST_OPTION)
+            for m in pattern.finditer(text)
             if not _NEGATED.search(text[max(0, m.start() - 30):m.start()])]
 
 

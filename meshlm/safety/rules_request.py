@@ -39,6 +39,7 @@ _HARM_OBJECT = re.compile(
     r"identity theft|launder\w*|skimm\w*|carding|"
     r"meth|methamphetamine|crack cocaine|cocaine|heroin|fentanyl|mdma|ecstasy|lsd|dmt|ghb|"
     r"stalk\w*|dox\w*|revenge|home address\w*|where (?:\w+ ){1,3}(?:lives|live|works|is staying|sleeps)|threat\w*|intimidat\w*|scare (?:someone|him|her|them|my \w+)|"
+    r"make (?:\w+['’]?s? ){1,3}(?P<harm>sick|ill|vomit|throw up)|"
     r"make (?:\w+ ){1,3}(?<!less )(?<!not )(?:feel |be )?(?:scared|afraid|terrified)|terrify (?:someone|him|her|them|my \w+))\b", _F)
 # acts against a person or another's property: the act names the harm ("poison my neighbour", "track her phone")
 _HARM_ACT = re.compile(
@@ -100,9 +101,15 @@ def harm_stems(prompt: str) -> set[str]:
     if not prompt or not OPERATIONAL.search(prompt) or _DEFENSIVE.search(prompt) \
             or (_FICTION.search(prompt) and not _METHOD.search(prompt)):
         return set()
-    spans = [m.group(0) for m in _HARM_OBJECT.finditer(prompt)]
+    spans = [m.group("harm") or m.group(0) for m in _HARM_OBJECT.finditer(prompt)]  # "sick", not whose dog
     spans += [m.group(0) for m in _HARM_ACT.finditer(prompt)]
-    return terms(" ".join(spans))
+    stems = terms(" ".join(spans))
+    return (stems - _ORDINARY) or stems  # the harm is "sick" in "make my neighbour's dog sick", not the dog
+
+
+# ordinary things a harmful request is done to or with: a redirect names them too ("talk to the neighbour")
+_ORDINARY = terms("neighbour neighbor neighbours dog dogs cat pet wife husband boss phone account email wifi car "
+                  "house home computer laptop school office friend partner coworker teacher sister brother guy")
 
 
 def procedure(texts: Iterable[str]) -> bool:
