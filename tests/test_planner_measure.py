@@ -63,11 +63,13 @@ def test_predicted_memory_and_comm_match_measurement(name, debug_dataset, tmp_pa
 
 
 def test_planner_models_the_cross_entropy_chunk_the_objective_uses():
-    """The planner (torch-free) keeps its own copy of the chunked cross-entropy's rows per chunk."""
+    """The planner (torch-free) keeps its own copy of the rows per chunk of both cross-entropies."""
+    from meshlm.models.head import FUSED_CHUNK_ROWS as HEAD_ROWS
     from meshlm.objectives.pretrain import CHUNK_ROWS
-    from meshlm.planner.memory import CE_CHUNK_ROWS
+    from meshlm.planner.memory import CE_CHUNK_ROWS, FUSED_CHUNK_ROWS
 
     assert CE_CHUNK_ROWS == CHUNK_ROWS
+    assert FUSED_CHUNK_ROWS == HEAD_ROWS
 
 
 def test_emitted_config_trains_and_the_run_logs_its_prediction(debug_dataset, tmp_path):

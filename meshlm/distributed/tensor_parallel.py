@@ -51,6 +51,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         top[f"layers.{names[-1]}"] = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
                                                           use_local_output=True)
     parallelize_module(model, tp_mesh, top)
+    if model.output is not None and hasattr(model.output, "fused"):
+        # The head's logits stay sharded along the vocabulary (loss parallelism) or are gathered: its fused
+        # cross-entropy (plain tensors only) is off, the objective takes the cross-entropy of the logits.
+        model.output.fused = False
     # parallelize_module gives tok_embeddings and output a DTensor each, which unties a tied head. Both are
     # sharded along the vocabulary (Shard(0) of the (V, D) weight) on the same mesh, so the embedding's DTensor
     # serves the head as is: tie them again; their gradients then accumulate into the one parameter.

@@ -23,6 +23,7 @@ from torch import nn
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
 from meshlm.models.fused import apply_rope_fused, rms_norm, rope_tables, use_fast_path
+from meshlm.models.head import OutputHead
 
 
 class RMSNorm(nn.Module):
@@ -287,7 +288,7 @@ class Transformer(nn.Module):
         # pipeline split deletes the layers that live on other stages.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output = OutputHead(cfg.dim, cfg.vocab_size)
         self.tie_weights()
         # Non-persistent: derived from the config, so not in state_dict; init_buffers recomputes them
         # after to_empty(). Under `with torch.device("meta")` they are meta tensors and cost nothing.
@@ -336,8 +337,10 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, *, cache: list[KVCache] | None = None, start_pos: int = 0,
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
-                padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, T) ids -> logits (B, T, V).
+                padding_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) ids -> logits (B, T, V); with ``labels`` (B, T), the summed fp32 cross-entropy instead,
+        computed by the head without materialising the logits (meshlm/models/head.py; IGNORE_INDEX = -100 skips a
+        position).
 
         On a pipeline stage without tok_embeddings the input is hidden states (B, T, D); without output the
         result is hidden states. With a cache (one KVCache per layer of this module, in order) the tokens sit
@@ -376,6 +379,10 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, cache[i] if cache is not None else None, start_pos, mask=masks[name])  # (B, T, D)
         if self.norm is not None:
             h = self.norm(h)
+        if labels is not None:
+            if not isinstance(self.output, OutputHead):
+                raise ValueError("labels need the model's own output head (this module has none, or another)")
+            return self.output(h, labels=labels)  # () summed cross-entropy
         return self.output(h) if self.output is not None else h  # (B, T, V) or (B, T, D)
 
     def _attention_masks(self, T: int, S: int, document_ids: torch.Tensor | None, key_mask: torch.Tensor | None,

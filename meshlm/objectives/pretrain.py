@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from meshlm.models.head import uses_fused_head
 from meshlm.objectives.base import IGNORE_INDEX
 
 # Rows of (rows, V) handled at once: 4096 × V fp32 is 64 MiB at V = 4096 and 2 GiB at V = 128k; the chunk is the
@@ -75,5 +76,7 @@ class NextTokenObjective:
         return ChunkedCrossEntropy.apply(logits.flatten(0, 1), labels.flatten(0, 1), CHUNK_ROWS)
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if uses_fused_head(model):  # the head computes the loss without logits (meshlm/models/head.py)
+            return model(batch["input_ids"], labels=batch["labels"])
         logits = model(batch["input_ids"])  # (B, T, V)
         return self.loss_from_logits(logits, batch["labels"])

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from meshlm.config.posttrain import ObjectiveConfig
+from meshlm.models.head import uses_fused_head
 from meshlm.objectives.base import IGNORE_INDEX
 from meshlm.objectives.pretrain import NextTokenObjective
 
@@ -28,6 +29,8 @@ class SFTObjective:
         return (batch["labels"] != IGNORE_INDEX).sum()  # () int64 on the device
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = model(batch["input_ids"], position_ids=batch["position_ids"],
-                       document_ids=batch["document_ids"])  # (B, T, V)
+        rows = dict(position_ids=batch["position_ids"], document_ids=batch["document_ids"])
+        if uses_fused_head(model):  # the head computes the loss without logits (meshlm/models/head.py)
+            return model(batch["input_ids"], labels=batch["labels"], **rows)
+        logits = model(batch["input_ids"], **rows)  # (B, T, V)
         return NextTokenObjective.loss_from_logits(logits, batch["labels"])

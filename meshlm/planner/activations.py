@@ -23,10 +23,12 @@ divided by the tensor-parallel degree t where the engine shards them:
                        (output, logsumexp): the policy saves them; everything else is recomputed.
   full AC              the block input only.
 
-The last stage adds the final norm, the output head's input and what the loss saves: with loss parallelism
-the fp32 log-softmax of the vocabulary shard (4·b·s·V/t); otherwise the chunked cross-entropy's logits in the
-compute dtype (b·s·V each) and one fp32 log-sum-exp per row (4·bs). Every rank holds its batch (input ids and
-labels, int64).
+The last stage adds the final norm and what the head and loss save. Without tensor or pipeline parallelism the
+head computes the loss itself (meshlm/models/head.py) and saves its two gradients: the head input's (b·s·h, in the
+residual stream's dtype) and the head weight's (V·h, in the weight's dtype: fp32 masters, or FSDP2's gathered
+dtype). Otherwise the head's input (bf16 copy under autocast) and the loss's: with loss parallelism the fp32
+log-softmax of the vocabulary shard (4·b·s·V/t); else the chunked cross-entropy's logits in the compute dtype
+(b·s·V each) and one fp32 log-sum-exp per row (4·bs). Every rank holds its batch (input ids and labels, int64).
 
 GPT-style (planner only): Korthikanti et al. 2022 in 16-bit, s·b·h·34 per layer (with flash attention the
 5·a·s/h term vanishes), TP t: sbh·(10 + 24/t), TP+SP: 34·sbh/t, full recompute 2·sbh; ×2 in fp32.
@@ -97,9 +99,26 @@ def _gpt_block(sbh: float, t: int, sp: bool, ac: str, cb: int) -> float:
     return (34 / t if sp else 10 + 24 / t) * sbh * scale
 
 
+def fused_head(spec: ModelSpec, layout: Layout) -> bool:
+    """Whether the head computes the loss itself, without logits (meshlm/models/head.py): meshlm's decoder
+    without tensor parallelism (whose logits stay vocabulary-sharded) and without pipelining (whose last stage
+    hands logits to the schedule's loss)."""
+    return spec.arch != "gpt" and layout.tp == 1 and layout.pp == 1
+
+
 def head_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> float:
-    """Final norm + output head input + log-softmax of one micro-batch (last stage)."""
+    """Final norm + what the head and the loss save, one micro-batch (last stage)."""
     s, h, t = training.seq_len, spec.dim, layout.tp
+    if fused_head(spec, layout):
+        bs = b * s
+        if training.precision == "fp32":
+            norm, grad_h, grad_w = 4 * (2 * bs * h + bs), 4 * bs * h, 4 * spec.vocab_size * h
+        elif layout.uses_fsdp:  # bf16 residual stream and gathered weight; the norm's fp32 upcast
+            cb = training.compute_bytes
+            norm, grad_h, grad_w = (4 + cb) * bs * h + 4 * bs, cb * bs * h, cb * spec.vocab_size * h
+        else:  # autocast: fp32 residual stream and master weight
+            norm, grad_h, grad_w = 4 * (2 * bs * h + bs), 4 * bs * h, 4 * spec.vocab_size * h
+        return norm + grad_h + grad_w
     sp = layout.sequence_parallel and t > 1
     bs = b * s
     loss_parallel = t > 1 and layout.loss_parallel

@@ -132,6 +132,7 @@ class MemoryMeter(TorchDispatchMode):
         statics = [p for part in parts for p in part.parameters()] + [b for part in parts for b in part.buffers()]
         statics += [v for opt in optimizers for s in opt.state.values() for v in s.values()
                     if isinstance(v, torch.Tensor)]
+        self._params = [p for part in parts for p in part.parameters()]
         for t in statics:
             self._track(local(t), "static")
             self._param_storages.add(id(local(t).untyped_storage()))
@@ -159,8 +160,24 @@ class MemoryMeter(TorchDispatchMode):
     def _release(self, key: int, kind: str, nbytes: int) -> None:
         self._seen.discard(key)
         self._param_storages.discard(key)
-        self._info.pop(key, None)
-        self._live[kind] -= nbytes
+        info = self._info.pop(key, None)
+        self._live[info[1] if info is not None else kind] -= nbytes  # its kind now (see below), else at creation
+
+    def _gradients_are_not_activations(self) -> None:
+        """A storage made in forward that has since become a parameter's .grad is a gradient: the head's fused
+        loss makes its weight gradient in forward, and autograd adopts that tensor as .grad when the parameter
+        had none (with gradient accumulation it then stays .grad through the next micro-steps)."""
+        for p in self._params:
+            g = p.grad
+            if g is None:
+                continue
+            key = id(local(g).untyped_storage())
+            info = self._info.get(key)
+            if info is not None and info[1] == "activation":
+                serial, _, nbytes = info
+                self._live["activation"] -= nbytes
+                self._live["other"] += nbytes
+                self._info[key] = (serial, "other", nbytes)
 
     def note_grads(self, grads: Iterable[torch.Tensor]) -> None:
         """Name the storages that are gradients (known only at the optimizer step)."""
@@ -176,6 +193,7 @@ class MemoryMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         in_backward = torch._C._current_graph_task_id() != -1
         if in_backward and not self._in_backward:  # a backward pass starts: what forward left is held for it
+            self._gradients_are_not_activations()
             held = self._live["activation"]
             self.peak_activations = max(self.peak_activations, held)
             if self.first_backward_activations is None:

@@ -207,13 +207,23 @@ def memory(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int | N
 # Rows per chunk of meshlm's chunked cross-entropy (meshlm/objectives/pretrain.py CHUNK_ROWS; the planner
 # stays free of torch, a test keeps the two equal).
 CE_CHUNK_ROWS = 4096
+FUSED_CHUNK_ROWS = 1024  # meshlm/models/head.py FUSED_CHUNK_ROWS (the same test keeps them equal)
 
 
 def logits_grad_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> float:
-    """The loss backward's peak beside the saved logits: the logits' gradient in the compute dtype and, with the
-    chunked cross-entropy, two fp32 (rows, V) temporaries of one chunk (logits − lse and its exp, alive
+    """The loss's transient peak. Through logits, at the loss backward, beside the saved logits: the logits'
+    gradient in the compute dtype and, with the chunked cross-entropy, two fp32 (rows, V) temporaries of one chunk (logits − lse and its exp, alive
     together); torch's cross-entropy on vocabulary shards (loss parallelism) keeps one fp32 softmax instead."""
     s, cb = training.seq_len, training.compute_bytes
+    if act.fused_head(spec, layout):
+        # The head's fused loss (meshlm/models/head.py), at its forward: one chunk's fp32 logits and logsumexp's
+        # temporary of the same size; in 16 bits also the chunk's matmul output and gradient in the compute
+        # dtype, and over several chunks the weight gradient's fp32 sum.
+        rows = min(b * s, FUSED_CHUNK_ROWS)
+        low = 0.0
+        if cb != 4:
+            low = 2 * cb * rows * spec.vocab_size + (4 * spec.vocab_size * spec.dim if b * s > rows else 0)
+        return 8 * rows * spec.vocab_size + low
     if layout.tp > 1 and layout.loss_parallel:
         return b * s * spec.vocab_size / layout.tp * (4 + cb)
     if spec.arch == "gpt":

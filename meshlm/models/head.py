@@ -1,0 +1,152 @@
+"""The output head, and the summed next-token cross-entropy computed straight from the head's input.
+
+Why fuse the head with the loss: the logits of one micro-batch are its largest activation (b·s·V values; at
+Llama 3's V = 128k and 8k tokens, 4 GiB in fp32) and, on CPU, the memory passes over them cost as much as a
+third of the head's matmuls. :class:`LinearCrossEntropy` never materialises them: it walks the rows in chunks,
+and for each chunk computes the logits, their log-sum-exp, the loss and at once the gradient of the logits
+(softmax − one-hot), which it multiplies back into the gradients of the head's input and weight. Backward only
+scales those two by the incoming gradient. The matmuls are the three a plain head runs (forward, input gradient,
+weight gradient), the element-wise work is one pass fewer, and what stays alive between forward and backward
+is the two gradients (b·s·d and V·d) instead of the logits (b·s·V) — less whenever b·s > d, i.e. always in
+training. Measured on the `small` flavour's head (1,024 rows, d 256, V 4,096, one core): 110 ms → 80 ms for
+forward + backward (docs/benchmarks.md).
+
+Where it applies: plain tensors (single device, DDP, FSDP — inside the head's forward FSDP2 has gathered the
+weight), the non-pipelined model called with ``labels``. Tensor parallelism keeps logits sharded along the
+vocabulary (loss parallelism, meshlm/objectives/pretrain.py) and pipeline stages hand logits to the schedule's
+loss; both call the head without labels and use the chunked cross-entropy on logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+IGNORE_INDEX = -100  # meshlm.objectives.base.IGNORE_INDEX (the model package does not import objectives)
+
+# Rows of (rows, V) handled at once. The chunk's fp32 logits are the only (rows, V) temporaries: 1,024 × V is
+# 16 MiB at V = 4,096 and 0.5 GiB at V = 128k. Measured on the `small` head: 256 and 1,024 rows run alike.
+FUSED_CHUNK_ROWS = 1024
+
+
+def _targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) mask of the rows that count, and labels with ignored rows pointed at column 0 (read, then zeroed)."""
+    valid = labels != IGNORE_INDEX
+    return valid, torch.where(valid, labels, 0)
+
+
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    """The matmuls' dtype: autocast's when it is on (as F.linear would run), else the input's."""
+    if torch.is_autocast_enabled(h.device.type):
+        return torch.get_autocast_dtype(h.device.type)
+    return h.dtype
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Σ over rows with a label of cross_entropy(h · Wᵀ, label), fp32, with both gradients made in forward.
+
+    h (N, d), weight (V, d), labels (N,) with IGNORE_INDEX rows skipped. Equal to
+    ``F.cross_entropy(F.linear(h, weight).float(), labels, reduction="sum")`` up to rounding (summation order).
+    Matmuls run in the compute dtype (autocast's, or the inputs'); the softmax is fp32 whatever it is; in 16
+    bits the weight gradient is summed over chunks in fp32. Saves the two gradients only; backward may run once.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        cdt = _compute_dtype(h)
+        valid, safe = _targets(labels)
+        want_w = ctx.needs_input_grad[1]  # a frozen head (LoRA) needs no weight gradient
+        with torch.autocast(h.device.type, enabled=False):
+            hc, wc = h.to(cdt), weight.to(cdt)  # no copy when the dtypes already match
+            grad_h = torch.empty_like(h)  # (N, d) in h's dtype
+            grad_w = None  # (V, d): one chunk's product, or an fp32 sum over chunks
+            several = h.shape[0] > chunk_rows
+            loss = torch.zeros((), dtype=torch.float32, device=h.device)
+            for start in range(0, h.shape[0], chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                # (n, V) this chunk's log-probabilities: one fused kernel (a logsumexp, then a subtraction and an
+                # exp, takes a third longer on CPU)
+                z = torch.log_softmax((hc[rows] @ wc.t()).float(), dim=-1)
+                target = z.gather(1, safe[rows, None]).squeeze(1)  # (n,)
+                loss -= torch.where(valid[rows], target, 0.0).sum()
+                z.exp_()  # softmax, in place
+                z.scatter_add_(1, safe[rows, None], torch.full_like(target[:, None], -1.0))  # − one-hot
+                z.mul_(valid[rows, None])  # ignored rows: no gradient
+                g = z.to(cdt)  # (n, V) d loss / d logits
+                grad_h[rows] = g @ wc
+                if not want_w:
+                    continue
+                if grad_w is None:
+                    grad_w = g.t() @ hc[rows]
+                    if several and cdt != torch.float32:  # summed over chunks in fp32, not in 16 bits
+                        grad_w = grad_w.float()
+                elif grad_w.dtype == cdt:
+                    grad_w.addmm_(g.t(), hc[rows])
+                else:
+                    grad_w += (g.t() @ hc[rows]).float()
+        if grad_w is None:
+            grad_w = torch.empty(0, device=weight.device)
+        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype) if want_w else grad_w)
+        ctx.spent = False
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.spent:
+            raise RuntimeError("LinearCrossEntropy's backward scales its saved gradients in place and runs once; "
+                               "retain_graph=True with a second backward is not supported")
+        ctx.spent = True
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad.to(torch.float32)
+        return grad_h.mul_(scale), grad_w.mul_(scale) if ctx.needs_input_grad[1] else None, None, None
+
+
+def linear_cross_entropy_sum(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                             chunk_rows: int = FUSED_CHUNK_ROWS) -> torch.Tensor:
+    """Summed fp32 cross-entropy of the head ``h · weightᵀ`` against ``labels``, without the logits.
+
+    h (..., d) and labels (...) are flattened to rows. Without autograd (evaluation) only the loss is computed.
+    """
+    h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
+    if labels.shape[0] != h.shape[0]:
+        raise ValueError(f"labels have {labels.shape[0]} positions, hidden states {h.shape[0]}")
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return LinearCrossEntropy.apply(h, weight, labels, chunk_rows)
+    valid, safe = _targets(labels)
+    loss = torch.zeros((), dtype=torch.float32, device=h.device)
+    for start in range(0, h.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        z = F.linear(h[rows], weight).float()  # (n, V)
+        target = z.gather(1, safe[rows, None]).squeeze(1)
+        loss += torch.where(valid[rows], torch.logsumexp(z, dim=-1) - target, 0.0).sum()
+    return loss
+
+
+def uses_fused_head(model: nn.Module) -> bool:
+    """Whether ``model(tokens, labels=...)`` returns the loss from its head: meshlm's decoder (bare, under DDP or
+    compiled) whose output is an :class:`OutputHead` with the fused path on. Objectives ask this before choosing
+    between the fused loss and the cross-entropy of logits."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    inner = getattr(inner, "_orig_mod", inner)
+    head = getattr(inner, "output", None)
+    return isinstance(head, OutputHead) and head.fused
+
+
+class OutputHead(nn.Linear):
+    """The vocabulary projection (an nn.Linear, so sharding plans, checkpoints and LoRA see a Linear), which
+    returns the summed cross-entropy instead of the logits when given ``labels`` (see the module docstring).
+    ``fused`` is turned off by tensor parallelism, whose logits stay sharded for the loss-parallel cross-entropy."""
+
+    def __init__(self, in_features: int, out_features: int, **kwargs) -> None:
+        super().__init__(in_features, out_features, bias=False, **kwargs)
+        self.fused = True
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if labels is None:
+            return F.linear(h, self.weight)  # (..., V)
+        if not self.fused:
+            raise ValueError("this output head computes logits only (tensor parallelism): call it without labels "
+                             "and take the cross-entropy of the logits")
+        return linear_cross_entropy_sum(h, self.weight, labels)
