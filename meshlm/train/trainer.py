@@ -115,7 +115,12 @@ class Trainer:
         self.step, self.tokens_seen = 0, 0
         self.hooks.before_weights(self.model_parts, self._say)  # LoRA: the frozen base, from init_from
         self.hooks.setup(self.model_parts, self.train_loader, self.eval_loader)  # e.g. the DPO reference
-        resumed = self._resume() if resume else False
+        if self.engine.dp_rank:
+            # Dropout masks (LoRA's) and sampling draw from the global RNG: each data-parallel rank gets a stream
+            # of its own, or every rank would apply the same masks to different samples. Rank 0 keeps the
+            # single-device stream; tensor- and pipeline-parallel peers share their dp rank and so their masks.
+            torch.manual_seed(tc.seed + 1_000_003 * self.engine.dp_rank)
+        resumed = self._resume() if resume else False  # restores each rank's own RNG state
         if cfg.checkpoint.init_from and not resumed and not cfg.lora.enabled:
             self._init_from(cfg.checkpoint.init_from)
         self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
