@@ -103,10 +103,12 @@ def test_precomputed_reference_trains_like_the_reference_model(tmp_path):
         assert a["rewards/margins"] == pytest.approx(b["rewards/margins"], rel=1e-4, abs=1e-5)
 
 
-@pytest.mark.parametrize("objective", ["sft", "dpo"])
+@pytest.mark.parametrize("objective", [["training.objective=sft"], ["training.objective=dpo"],
+                                       ["training.objective=dpo", "objective.loss_type=kto"]],
+                         ids=["sft", "dpo", "kto"])
 def test_resume_is_bitwise(tmp_path, objective):
-    common = (f"training.objective={objective}", "training.steps=6", "training.eval_interval=0",
-              "metrics.interval=1", "checkpoint.interval=3")
+    common = (*objective, "training.steps=6", "training.eval_interval=0", "metrics.interval=1",
+              "checkpoint.interval=3")
     _train(tmp_path / "straight", *common)
     _train(tmp_path / "resumed", *common, extra=("--stop-at", "3"))
     _train(tmp_path / "resumed", *common, extra=("--resume", "auto"))
