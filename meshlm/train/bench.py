@@ -108,8 +108,8 @@ def _meshlm_step(cfg: ModelConfig, data: dict, compile: bool, precision: str,
 
 
 def _hf_step(cfg: ModelConfig, data: dict, compile: bool, precision: str, dev: torch.device) -> Callable[[], None]:
-    """The same architecture and dimensions in transformers (LlamaForCausalLM for the Llama flavours), same optimizer
-    and loss, same process."""
+    """The same architecture and dimensions in transformers (LlamaForCausalLM for the Llama flavours), the same
+    optimizer, HF's own loss path, same process."""
     from meshlm.interop.hf_config import transformers_model
 
     try:
@@ -122,8 +122,12 @@ def _hf_step(cfg: ModelConfig, data: dict, compile: bool, precision: str, dev: t
         model.compile()  # whole model: compiling HF's layers one by one recompiles per layer index
 
     def loss_fn(m: nn.Module, batch: dict) -> torch.Tensor:
-        logits = m(input_ids=batch["input_ids"]).logits
-        return NextTokenObjective.loss_from_logits(logits, batch["labels"])
+        # HF's own default: the model computes its loss from labels (ForCausalLMLoss: fp32 logits, then
+        # F.cross_entropy). The labels are already shifted (shift_labels), and num_items_in_batch makes it a sum
+        # over the batch's tokens divided by their count; times that count, it is meshlm's summed loss.
+        labels = batch["labels"].contiguous()  # HF views them flat
+        count = torch.tensor(labels.numel(), device=labels.device)
+        return m(input_ids=batch["input_ids"], labels=labels, shift_labels=labels, num_items_in_batch=count).loss * count
 
     return _train_step_fn(model, loss_fn, data, precision, dev)
 
