@@ -20,14 +20,20 @@ _PERSON = (r"(?:doctor|physician|gp|surgeon|nurse|midwife|health visitor|pharmac
            r"dietitian|dietician|nutritionist|vet|veterinarian|paediatrician|pediatrician|"
            r"practitioner|lawyer|attorney|solicitor|barrister|paralegal|notary|advocate|adviser|advisor|"
            r"accountant|bookkeeper|broker|actuary|mediator|ombudsman|social worker|caseworker|case worker|"
-           r"professional|administrator|sysadmin|admin|operator|electrician|plumber|"
-           r"mechanic|engineer|inspector|surveyor|locksmith)s?")
+           r"professional|{weak_person})s?")
 _SERVICE = (r"(?:clinic|pharmacy|hospital|emergency (?:room|department)|urgent care|walk-in centre|"
             r"walk-in center|helpline|help line|hotline|crisis line|advice (?:service|line|centre|center)|legal aid|"
             r"law (?:firm|centre|center|clinic)|citizens advice|ombudsman service|(?:extension|advisory|counsell?ing|"
             r"advice|support|information|health|social|legal) services?|(?:immigration|tax|licensing|regulatory|"
-            r"housing|health) (?:authority|authorities|office|department)|(?:\w+[- ])?(?:team|department|desk|centre|center|"
-            r"office|club|class|course)|(?:drug[- ]checking|harm[- ]reduction|testing) services?)s?")
+            r"housing|health) (?:authority|authorities|office|department)|{weak_service}|"
+            r"(?:drug[- ]checking|harm[- ]reduction|testing) services?)s?")
+# weak heads: a referral only beside a caution (a class, a club or an office in plain advice is no warning)
+_WEAK_PERSON = r"administrator|sysadmin|admin|operator|electrician|plumber|mechanic|engineer|inspector|surveyor|locksmith"
+_WEAK_SERVICE = r"(?:\w+[- ])?(?:team|department|desk|centre|center|office|club|class|course)"
+_PERSON_STRONG = _PERSON.replace("|{weak_person}", "")
+_SERVICE_STRONG = _SERVICE.replace("{weak_service}|", "")
+_PERSON = _PERSON.replace("{weak_person}", _WEAK_PERSON)
+_SERVICE = _SERVICE.replace("{weak_service}", _WEAK_SERVICE)
 # modifiers: a determiner or possessive, then up to three words (adjectives and compound nouns)
 _DET = r"(?:(?:a|an|the|your|their|his|her|our|one|any|some|local|own|trusted)\s+)*"
 _MODS = r"(?:[a-z][\w'’-]*\s+){0,3}?"
@@ -37,6 +43,7 @@ NOUN_PHRASE = (rf"(?:{_DET}{_MODS}(?:{_PERSON}|{_SERVICE})\b|"
                r"(?:training|qualifications|expertise)|medically trained|legally trained)\b|"
                r"(?:a|an|your|the) (?:qualified|licensed|registered|certified|accredited) (?:person|someone|"
                r"one)\b)")
+_NP_STRONG = NOUN_PHRASE.replace(f"(?:{_PERSON}|{_SERVICE})", f"(?:{_PERSON_STRONG}|{_SERVICE_STRONG})")
 # verbs whose object is who the user should go to
 _TO_VERB = (r"(?:run(?:ning)? (?:it|this|that|them|these|things|your plans?|the (?:idea|plan|numbers|figures)) "
             r"(?:past|by)|run(?:ning)? (?:past|by)|consult(?:ing|ed)?|"
@@ -85,15 +92,23 @@ _BEST_OPTION = re.compile(rf"\b(?:safest|best|surest|easiest|most reliable|right
                           rf"{NOUN_PHRASE}", _F)
 
 
-def _matches(text: str) -> list[re.Match]:
-    return [m for pattern in (_OBJECT, _HAVE_LOOK, _SUBJECT, _THROUGH, _OFFERS, _BEST_OPTION)
-            for m in pattern.finditer(text)
+_PATTERNS = (_OBJECT, _HAVE_LOOK, _SUBJECT, _THROUGH, _OFFERS, _BEST_OPTION)
+_STRONG = tuple(re.compile(p.pattern.replace(NOUN_PHRASE, _NP_STRONG), _F) for p in _PATTERNS)
+
+
+def _matches(text: str, patterns: tuple = _PATTERNS) -> list[re.Match]:
+    return [m for pattern in patterns for m in pattern.finditer(text)
             if not _NEGATED.search(text[max(0, m.start() - 30):m.start()])]
 
 
 def refers_structurally(text: str) -> bool:
     """A qualified person or service as the object of a referral verb or the subject of "can / will + advise"."""
     return bool(_matches(text))
+
+
+def refers_strongly(text: str) -> bool:
+    """As :func:`refers_structurally`, without the weak heads (a team, an office, a class, an administrator)."""
+    return bool(_matches(text, _STRONG))
 
 
 def without_referrals(text: str) -> str:

@@ -36,7 +36,7 @@ _HARM_OBJECT = re.compile(
     r"crack(?:ing)? (?:\w+ ){0,2}(?:passwords?|wifi|wpa\d?|hash\w*|software|licen[cs]es?|accounts?)|"
     r"scams?|scammers?|con artists?|counterfeit\w*|forg(?:e|ed|ery|ing)|fake (?:\w+ )?(?:ids?|passports?|"
     r"checks?|cheques?|money|bills?|notes?|documents?|licen[cs]es?|diplomas?|reviews?|cards?|invoices?|receipts?)|"
-    r"identity theft|launder\w*|skimm\w*|carding|"
+    r"identity theft|launder\w*|skimm\w*|carding|smuggl\w*|brute[- ]?forc\w*|"
     r"meth|methamphetamine|crack cocaine|cocaine|heroin|fentanyl|mdma|ecstasy|lsd|dmt|ghb|"
     r"stalk\w*|dox\w*|revenge|home address\w*|where (?:\w+ ){1,3}(?:lives|live|works|is staying|sleeps)|threat\w*|intimidat\w*|scare (?:someone|him|her|them|my \w+)|"
     r"make (?:\w+['’]?s? ){1,3}(?P<harm>sick|ill|vomit|throw up)|"
