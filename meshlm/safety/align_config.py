@@ -79,7 +79,7 @@ class DPOSection:
     offline_pairs: int = option(300, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
     on_policy_exclude: list[str] = option(["answer>warn"], "On-policy label pairs (chosen>rejected, e.g. answer>warn) left out of "
                                           "the DPO data.")
-    probe_prompts: int = option(1500, "New phrasings of training refuse subjects (probe framings, half in attack "
+    probe_prompts: int = option(3000, "New phrasings of training refuse subjects (probe framings, half in attack "
                                 "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
 
     def validate(self) -> None:
