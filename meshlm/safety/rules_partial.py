@@ -28,7 +28,7 @@ PLACEHOLDER_ANY = re.compile(r"\[(?!code\]|redacted|removed|omitted|censored|sic
 _IDENTIFIER = re.compile(r"`[^`\n]{1,60}`|\b(?!(?:e\.g|i\.e|etc|vs|www)\b)[a-z_][a-z0-9_]*\.(?!com\b|org\b|net\b|gov\b|"
                          r"uk\b|io\b|edu\b)[A-Za-z_]\w*(?:\.\w+)*\b|\b[a-z_]\w*\(\)", re.MULTILINE)
 _NUMBER_RANGE = re.compile(r"\b\d+(?:[.,]\d+)?\s*(?:-|–|to)\s*\d+(?:[.,]\d+)?\b|\b\d+(?:[.,]\d+)?\s?(?:mg|g|kg|ml|mm|cm|"
-                           r"°[cf]?|degrees?|%|grams?|minutes?|hours?|days?|psi)\b", _F)
+                           r"°[cf]?|degrees?|%|grams?|psi)\b", _F)
 # the clause says that what follows is what was asked: "for what you asked", "as for your question"
 ANSWER_MARKER = re.compile(r"\b(?:for|as for|on|about) (?:what you(?:'re|’re| are)? (?:actually |really )?(?:asked|"
                            r"asking|wanted|want|need)(?: (?:about|for))?|the (?:part|bit|question|thing)s? you (?:asked|"
