@@ -76,7 +76,7 @@ def contact_only(texts: list[str], harmful: bool) -> bool:
 
 
 # who may answer, said instead of the answer: "should only be diagnosed by a qualified professional"
-PROFESSIONAL_ONLY = re.compile(r"\b(?:should|must|can|need to|has to|have to|ought to)\s+only\s+be\s+\w+(?:ed|en)\s+by\s+"
-                               r"|\bonly\s+(?:a|an|your)\s+(?:\w+\s+){0,2}(?:professional|doctor|clinician|lawyer|"
-                               r"adviser|advisor|specialist|psychiatrist|expert)s?\s+(?:can|should|could|is able to)\b",
-                               _F)
+_WHO = r"(?:professional|doctor|clinician|lawyer|attorney|solicitor|adviser|advisor|specialist|psychiatrist|expert|gp)s?"
+PROFESSIONAL_ONLY = re.compile(rf"\b(?:should|must|can|need to|has to|have to|ought to)\s+only\s+be\s+\w+(?:ed|en)\s+by\s+"
+                               rf"(?:a|an|your|the)?\s*(?:\w+\s+){{0,2}}{_WHO}\b"
+                               rf"|\bonly\s+(?:a|an|your)\s+(?:\w+\s+){{0,2}}{_WHO}\s+(?:can|should|could|is able to)\b", _F)
