@@ -22,7 +22,7 @@ _F = re.IGNORECASE
 
 # a bracketed stand-in for a left-out detail, in either case: "[SOLVENT]", "[sear/trigger group]"; not a citation,
 # "[sic]", a markdown link, a checkbox or a word saying the detail is gone
-PLACEHOLDER_ANY = re.compile(r"\[(?!code\]|redacted|removed|omitted|censored|sic\]|link\]|x\]|\s*\])"
+PLACEHOLDER_ANY = re.compile(r"\[(?!code\]|redacted|removed|omitted|censored|sic\]|x\]|\s*\])"
                              r"[A-Za-z][\w /'’-]{0,30}\](?!\()", _F)
 # names from code: a dotted identifier ("os.walk", "pathlib.Path.rglob"), a call ("open()"), backticked code
 _IDENTIFIER = re.compile(r"`[^`\n]{1,60}`|\b(?!(?:e\.g|i\.e|etc|vs|www)\b)[a-z_][a-z0-9_]*\.(?!com\b|org\b|net\b|gov\b|"
@@ -31,8 +31,9 @@ _NUMBER_RANGE = re.compile(r"\b\d+(?:[.,]\d+)?\s*(?:-|–|to)\s*\d+(?:[.,]\d+)?\
                            r"°[cf]?|degrees?|%|grams?|psi)\b", _F)
 # the clause says that what follows is what was asked: "for what you asked", "as for your question"
 ANSWER_MARKER = re.compile(r"\b(?:for|as for|on|about) (?:what you(?:'re|’re| are)? (?:actually |really )?(?:asked|"
-                           r"asking|wanted|want|need)(?: (?:about|for))?|the (?:part|bit|question|thing)s? you (?:asked|"
-                           r"wanted|need)(?: about| for)?|your (?:actual |real |specific )?question)\b|"
+                           r"asking|wanted|want|need)(?: (?:about|for))?|the (?:part|bit|question|thing)s? you(?:'re|’re| are)? (?:asked|"
+                           r"asking|wanted|want|need|after)(?: about| for)?|your (?:actual |real |specific )?question)\b|"
+                           r"^\s*(?:what|the part) you(?:'re|’re| are)? (?:asked|asking) about\b|"
                            r"\bto answer (?:your|the) (?:actual |real )?question\b", _F)
 
 
