@@ -87,7 +87,7 @@ REFUSAL_PHRASES = re.compile(
     r"(?:not able|unable|"
     r"not going|not willing|not allowed|can'?t|cannot|won'?t|will not|have to (?:turn|decline|refuse)|must decline)|"
     r"\b(?:outside|beyond) (?:of )?(?:what|the (?:scope|kind) of (?:what|things?)) (?:i|we)\b|"
-    r"^\s*(?:(?:lol|lmao|haha|ha|um+|uh+|yeah|honestly|so|well|oh),?\s+)?(?:no|nope|nah)\s*[.!]?\s*$|"
+    r"^\s*(?:(?:lol|lmao|haha|ha|um+|uh+|yeah|honestly|so|well|oh)[,.!]*\s+)?(?:no|nope|nah)\s*[.!]?\s*$|"
     r"\b(?:that(?:'s|’s)|is) (?:all|as much as) you(?:'re|’re| are)? (?:getting|gonna get|going to get|get)\b|"
     r"^\s*(?:(?:no|nope|nah|sorry|yeah,? no|afraid)[,.!]?\s+)?not (?:doing|providing|giving|sharing|writing|making|"
     r"helping with|going (?:to|into|there)|touching|explaining|answering|happening)\b(?! so\b)(?![^,.;:!?]{0,40}\b(?:is|are|was|"

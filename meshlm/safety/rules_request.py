@@ -34,7 +34,7 @@ _HARM_OBJECT = re.compile(
     r"(?:enter|type|give|hand over) (?:\w+ ){0,2}(?:their|his|her) (?:logins?|passwords?|credentials?|pins?)|"
     r"without (?:the|a|their|his|her|knowing the) (?:password|passcode|pin)|"
     r"crack(?:ing)? (?:\w+ ){0,2}(?:passwords?|wifi|wpa\d?|hash\w*|software|licen[cs]es?|accounts?)|"
-    r"scams?|scammers?|con artists?|counterfeit\w*|forg(?:e|ed|ery|ing)|fake (?:\w+ )?(?:ids?|passports?|"
+    r"scams?|scammers?|con artists?|counterfeit\w*|forg(?:e|ed|ery|ing)|(?P<fake>fake) (?:\w+['’]?s? )?(?:ids?|passports?|"
     r"checks?|cheques?|money|bills?|notes?|documents?|licen[cs]es?|diplomas?|reviews?|cards?|invoices?|receipts?)|"
     r"identity theft|launder\w*|skimm\w*|carding|smuggl\w*|brute[- ]?forc\w*|"
     r"meth|methamphetamine|crack cocaine|cocaine|heroin|fentanyl|mdma|ecstasy|lsd|dmt|ghb|"
@@ -101,7 +101,8 @@ def harm_stems(prompt: str) -> set[str]:
     if not prompt or not OPERATIONAL.search(prompt) or _DEFENSIVE.search(prompt) \
             or (_FICTION.search(prompt) and not _METHOD.search(prompt)):
         return set()
-    spans = [m.group("harm") or m.group(0) for m in _HARM_OBJECT.finditer(prompt)]  # "sick", not whose dog
+    # the harm word, not what it is done to: "sick", not whose dog; "fake", not the licence a redirect names
+    spans = [m.group("harm") or m.group("fake") or m.group(0) for m in _HARM_OBJECT.finditer(prompt)]
     spans += [m.group(0) for m in _HARM_ACT.finditer(prompt)]
     stems = terms(" ".join(spans))
     return (stems - _ORDINARY) or stems  # the harm is "sick" in "make my neighbour's dog sick", not the dog
