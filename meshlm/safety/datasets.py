@@ -89,8 +89,8 @@ def leak_check_files(extra: str | Path = "") -> list[Path]:
         if not path.is_file():
             from meshlm.errors import UserError
 
-            raise UserError(f"eval.heldout: '{path}' is not a file; give an existing JSONL of held-out prompts "
-                            "or leave it empty for the embedded one")
+            raise UserError(f"held-out prompts '{path}' (eval.heldout / --heldout) is not a file; give an existing "
+                            "JSONL of held-out prompts or leave it empty for the shipped ones")
         if path.resolve() not in {f.resolve() for f in files}:
             files.append(path)
     return files

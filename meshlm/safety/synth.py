@@ -180,9 +180,9 @@ def corpus_entries(documents: list[str], limit: int, rng: random.Random) -> list
 class SynthSizes:
     """Prompts per category (before dedup and split) and the share wrapped in attack frames."""
 
-    refuse: int = 320
-    warn: int = 300
-    answer: int = 480
+    refuse: int = 500  # = configs/align.toml, so `meshlm align data` writes the pipeline's data
+    warn: int = 600
+    answer: int = 1100
     attack_fraction_refuse: float = 0.35
     attack_fraction_answer: float = 0.12
     corpus_questions: int = 150
