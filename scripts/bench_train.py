@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
     p.add_argument("--cpu-time", action="store_true", help="time steps by the thread's CPU time (with --threads 1): "
                                                             "robust on a machine other processes load")
+    p.add_argument("--logits-loss", action="store_true", help="meshlm takes the loss from logits (the TP/PP path) "
+                                                                "instead of its fused head")
     p.add_argument("--json", action="store_true")
     p.add_argument("--profile", action="store_true", help="print the profiler's top ops of meshlm's eager step "
                                                            "(each flavour) instead of benchmarking")
@@ -60,7 +62,7 @@ def main() -> None:
         for compile_ in ([False] if args.no_compile else [False, True]):
             r = bench_train(flavor, args.batch, args.seq, args.steps, warmup=args.warmup, compile=compile_,
                             precision=args.precision, device=device, compare_hf=not args.no_hf,
-                            cpu_time=args.cpu_time)
+                            cpu_time=args.cpu_time, fused_head=not args.logits_loss)
             hf = f"{r['hf_tokens_per_s']:,.0f} | {r['ratio_to_hf']:.2f}" if "ratio_to_hf" in r else "n/a | n/a"
             print(f"| {flavor} | {'compiled' if compile_ else 'eager'} | {r['tokens_per_s']:,.0f} | "
                   f"{r['achieved_flops'] / 1e9:,.1f} | {r['matmul_peak_flops'] / 1e9:,.1f} | {100 * r['mfu']:.1f}% | "

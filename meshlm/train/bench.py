@@ -69,17 +69,18 @@ def synthetic_batch(cfg: ModelConfig, batch: int, seq: int, device: torch.device
 
 def bench_train(flavor: str, batch: int, seq: int, steps: int, *, warmup: int = 2, compile: bool = False,
                 precision: str = "fp32", device: str = "cpu", compare_hf: bool = False,
-                cpu_time: bool = False) -> dict[str, Any]:
+                cpu_time: bool = False, fused_head: bool = True) -> dict[str, Any]:
     """tokens/s of meshlm's training step from the median step time; with ``compare_hf``, transformers' Llama
     of the same shapes stepped alternately with it in this process, and the ratio of the medians. ``cpu_time``:
-    time steps by the thread's CPU time instead of wall time (CPU, one thread only)."""
+    time steps by the thread's CPU time instead of wall time (CPU, one thread only). ``fused_head=False``: meshlm
+    takes the loss from logits (the path TP and PP use) instead of its fused head, to measure what the head buys."""
     dev = torch.device(device)
     if cpu_time and (dev.type != "cpu" or torch.get_num_threads() != 1):
         raise ConfigError("CPU-time timing needs --device cpu and --threads 1 (other threads' work is not counted)")
     cfg = flavor_config(flavor)
     cfg.max_seq_len = max(cfg.max_seq_len, seq)
     data = synthetic_batch(cfg, batch, seq, dev)
-    step_fns = [_meshlm_step(cfg, data, compile, precision, dev)]
+    step_fns = [_meshlm_step(cfg, data, compile, precision, dev, fused_head)]
     if compare_hf:
         step_fns.append(_hf_step(cfg, data, compile, precision, dev))
     times = _step_times(step_fns, steps, warmup, dev, time.thread_time if cpu_time else time.perf_counter)
@@ -88,6 +89,7 @@ def bench_train(flavor: str, batch: int, seq: int, steps: int, *, warmup: int = 
     flops_per_token = model_flops_per_token(cfg, seq)
     tokens_per_s = batch * seq / seconds
     result = {"flavor": flavor, "batch": batch, "seq": seq, "steps": steps, "compile": compile, "cpu_time": cpu_time,
+              "fused_head": fused_head,
               "precision": precision, "device": str(dev), "num_threads": torch.get_num_threads(),
               "params": cfg.num_params(), "tokens_per_s": tokens_per_s, "step_time_s": seconds,
               "flops_per_token": flops_per_token, "achieved_flops": tokens_per_s * flops_per_token,
@@ -100,10 +102,11 @@ def bench_train(flavor: str, batch: int, seq: int, steps: int, *, warmup: int = 
 
 
 def _meshlm_step(cfg: ModelConfig, data: dict, compile: bool, precision: str,
-                 dev: torch.device) -> Callable[[], None]:
+                 dev: torch.device, fused_head: bool = True) -> Callable[[], None]:
     engine = Engine(ParallelConfig(dp_shard=1), dev)  # single device: the engine applies AC/compile only
     training = TrainingConfig(compile=compile, precision=precision)
     model = engine.parallelize(build_model(cfg, dev, seed=0), training, None, 1)[0]
+    model.output.fused = fused_head
     return _train_step_fn(model, NextTokenObjective().loss_sum, data, precision, dev)
 
 
