@@ -28,7 +28,8 @@ SHIPPED = ("judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl",
            "judge_probe9.jsonl", "judge_probe10.jsonl", "judge_probe11.jsonl",
            "judge_probe12.jsonl", "judge_probe13.jsonl", "judge_probe14.jsonl",
            "judge_probe15.jsonl", "judge_probe16.jsonl", "judge_probe17.jsonl", "judge_holdout5.jsonl",
-           "judge_holdout6.jsonl", "judge_holdout7.jsonl", "judge_holdout8.jsonl")
+           "judge_holdout6.jsonl", "judge_holdout7.jsonl", "judge_holdout8.jsonl",
+           "judge_holdout9.jsonl")
 
 
 def read_labelled(path: Path) -> list[dict]:
