@@ -62,8 +62,8 @@ def register(sub, add_config_args) -> None:
     data.add_argument("--spec", help="behaviour spec TOML (default: the embedded one)")
     data.add_argument("--out", required=True, help="output folder")
     data.add_argument("--seed", type=int, default=0)
-    data.add_argument("--heldout", help="held-out prompts JSONL that training must not near-duplicate "
-                                        "(default: the embedded hand-written file)")
+    data.add_argument("--heldout", help="a held-out prompts JSONL that training must not near-duplicate, checked "
+                                        "in addition to every shipped held-out file (safety/data/heldout_prompts*)")
     data.add_argument("--json", action="store_true", help="print the manifest as JSON")
     data.set_defaults(handler=run_data)
     try:
