@@ -57,6 +57,25 @@ def test_low_precision_matches_and_keeps_input_dtypes(mode):
     torch.testing.assert_close(gw.float(), gw_ref.float(), rtol=0.05, atol=0.02)
 
 
+def test_fp16_takes_the_logits_path_whose_loss_scale_applies_first():
+    """In fp16 the head's weight-gradient sum over a micro-batch (here 4,096 rows, one frequent label, |h| ~ 20)
+    exceeds fp16's range before the loss scale (1/tokens) applies: the fused Function overflows, so the head
+    takes the cross-entropy of its logits, whose gradient is scaled before any fp16 rounding."""
+    g = torch.Generator().manual_seed(0)
+    h0 = torch.randn(4096, 8, generator=g).abs() + 20.0
+    w0 = 0.02 * torch.randn(64, 8, generator=g)
+    labels = torch.full((4096,), 3)
+    head = OutputHead(8, 64).half()
+    with torch.no_grad():
+        head.weight.copy_(w0.half())
+    h = h0.half().requires_grad_()
+    (head(h, labels=labels) / 4096).backward()
+    assert torch.isfinite(head.weight.grad).all() and torch.isfinite(h.grad).all()
+    w = w0.half().requires_grad_()
+    (linear_cross_entropy_sum(h0.half(), w, labels) / 4096).backward()
+    assert not torch.isfinite(w.grad).all()  # what the fp16 routing avoids
+
+
 def test_without_autograd_and_with_a_frozen_head():
     """Evaluation computes the loss alone; a frozen head (LoRA) gets no weight gradient and the same input
     gradient."""

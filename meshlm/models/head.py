@@ -12,7 +12,8 @@ training. Measured on the `small` flavour's head (1,024 rows, d 256, V 4,096, on
 forward + backward (docs/benchmarks.md).
 
 Where it applies: plain tensors (single device, DDP, FSDP — inside the head's forward FSDP2 has gathered the
-weight), the non-pipelined model called with ``labels``. Tensor parallelism keeps logits sharded along the
+weight), the non-pipelined model called with ``labels``, fp32 or bf16 (fp16 takes the logits path: its loss scale
+must apply before any fp16 rounding of the gradients). Tensor parallelism keeps logits sharded along the
 vocabulary (loss parallelism, meshlm/objectives/pretrain.py) and pipeline stages hand logits to the schedule's
 loss; both call the head without labels and use the chunked cross-entropy on logits.
 """
@@ -44,6 +45,46 @@ def _compute_dtype(h: torch.Tensor) -> torch.dtype:
     return h.dtype
 
 
+# Rows of (rows, V) handled at once: 4096 × V fp32 is 64 MiB at V = 4096 and 2 GiB at V = 128k; the chunk is the
+# only fp32 (rows, V) temporary, so memory stays flat in the sequence length. Measured on the `small` flavour it
+# is as fast as one chunk (docs/benchmarks.md).
+CHUNK_ROWS = 4096
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of ``logits`` (N, V) against ``labels`` (N,), ignoring IGNORE_INDEX.
+
+    Forward keeps only each row's log-sum-exp (N fp32 values); backward rebuilds softmax − one-hot one chunk at
+    a time, in fp32, and writes it straight into the gradient in the logits' dtype. Equal to
+    ``F.cross_entropy(logits.float(), labels, reduction="sum")`` up to fp32 rounding (summation order).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
+        for start in range(0, logits.shape[0], chunk_rows):
+            lse[start:start + chunk_rows] = torch.logsumexp(logits[start:start + chunk_rows].float(), dim=-1)
+        valid, safe = _targets(labels)
+        target = logits.gather(1, safe[:, None]).squeeze(1).float()  # (N,) the target's logit
+        # Saved: the logits and labels (which exist anyway) and lse, 4 bytes per row; masks are rebuilt.
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.chunk_rows = chunk_rows
+        return torch.where(valid, lse - target, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, labels, lse = ctx.saved_tensors
+        valid, safe = _targets(labels)
+        row_scale = grad.float() * valid  # (N,) 0 on ignored rows
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.chunk_rows):
+            rows = slice(start, start + ctx.chunk_rows)
+            probs = torch.exp(logits[rows].float() - lse[rows, None])  # (n, V) softmax
+            probs.scatter_add_(1, safe[rows, None], -torch.ones_like(lse[rows, None]))  # − one-hot
+            grad_logits[rows] = probs.mul_(row_scale[rows, None])
+        return grad_logits, None, None
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """Σ over rows with a label of cross_entropy(h · Wᵀ, label), fp32, with both gradients made in forward.
 
@@ -63,6 +104,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_h = torch.empty_like(h)  # (N, d) in h's dtype
             grad_w = None  # (V, d): one chunk's product, or an fp32 sum over chunks
             several = h.shape[0] > chunk_rows
+            part = None  # 16 bits over several chunks: one (V, d) product buffer, reused
             loss = torch.zeros((), dtype=torch.float32, device=h.device)
             for start in range(0, h.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
@@ -85,7 +127,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 elif grad_w.dtype == cdt:
                     grad_w.addmm_(g.t(), hc[rows])
                 else:
-                    grad_w += (g.t() @ hc[rows]).float()
+                    part = torch.mm(g.t(), hc[rows], out=part)
+                    grad_w.add_(part)  # summed in fp32, converted element by element
         if grad_w is None:
             grad_w = torch.empty(0, device=weight.device)
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype) if want_w else grad_w)
@@ -149,4 +192,9 @@ class OutputHead(nn.Linear):
         if not self.fused:
             raise ValueError("this output head computes logits only (tensor parallelism): call it without labels "
                              "and take the cross-entropy of the logits")
+        if _compute_dtype(h) == torch.float16:
+            # fp16: the fused loss would round its unscaled gradient sums to fp16 before the loss scale applies
+            # (an overflow the dynamic loss scaler cannot back off); the logits path scales first.
+            logits = F.linear(h, self.weight)
+            return ChunkedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), CHUNK_ROWS)
         return linear_cross_entropy_sum(h, self.weight, labels)

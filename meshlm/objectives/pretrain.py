@@ -1,5 +1,7 @@
-"""Pretraining: next-token cross-entropy, computed in row chunks so that no full-size fp32 copy of the logits
-(nor of their log-softmax, nor a full one-hot gradient buffer) is ever materialised beside the logits."""
+"""Pretraining: next-token cross-entropy. Where it can, the model's head computes it without logits
+(meshlm/models/head.py); otherwise (tensor or pipeline parallelism, fp16) it is taken from the logits in row chunks,
+so that no full-size fp32 copy of the logits (nor of their log-softmax, nor a full one-hot gradient buffer) is ever
+materialised beside them (``ChunkedCrossEntropy``, also in meshlm/models/head.py)."""
 
 from __future__ import annotations
 
@@ -8,53 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from meshlm.models.head import uses_fused_head
+from meshlm.models.head import CHUNK_ROWS, ChunkedCrossEntropy, uses_fused_head  # noqa: F401 (re-exported)
 from meshlm.objectives.base import IGNORE_INDEX
-
-# Rows of (rows, V) handled at once: 4096 × V fp32 is 64 MiB at V = 4096 and 2 GiB at V = 128k; the chunk is the
-# only fp32 (rows, V) temporary, so memory stays flat in the sequence length. Measured on the `small` flavour it
-# is as fast as one chunk (docs/benchmarks.md).
-CHUNK_ROWS = 4096
-
-
-def _targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) mask of rows that count, and labels with ignored rows pointed at column 0 (read, then zeroed)."""
-    valid = labels != IGNORE_INDEX
-    return valid, torch.where(valid, labels, 0)
-
-
-class ChunkedCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of ``logits`` (N, V) against ``labels`` (N,), ignoring IGNORE_INDEX.
-
-    Forward keeps only each row's log-sum-exp (N fp32 values); backward rebuilds softmax − one-hot one chunk at
-    a time, in fp32, and writes it straight into the gradient in the logits' dtype. Equal to
-    ``F.cross_entropy(logits.float(), labels, reduction="sum")`` up to fp32 rounding (summation order).
-    """
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
-        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
-        for start in range(0, logits.shape[0], chunk_rows):
-            lse[start:start + chunk_rows] = torch.logsumexp(logits[start:start + chunk_rows].float(), dim=-1)
-        valid, safe = _targets(labels)
-        target = logits.gather(1, safe[:, None]).squeeze(1).float()  # (N,) the target's logit
-        # Saved: the logits and labels (which exist anyway) and lse, 4 bytes per row; masks are rebuilt.
-        ctx.save_for_backward(logits, labels, lse)
-        ctx.chunk_rows = chunk_rows
-        return torch.where(valid, lse - target, 0.0).sum()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        logits, labels, lse = ctx.saved_tensors
-        valid, safe = _targets(labels)
-        row_scale = grad.float() * valid  # (N,) 0 on ignored rows
-        grad_logits = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], ctx.chunk_rows):
-            rows = slice(start, start + ctx.chunk_rows)
-            probs = torch.exp(logits[rows].float() - lse[rows, None])  # (n, V) softmax
-            probs.scatter_add_(1, safe[rows, None], -torch.ones_like(lse[rows, None]))  # − one-hot
-            grad_logits[rows] = probs.mul_(row_scale[rows, None])
-        return grad_logits, None, None
 
 
 class NextTokenObjective:

@@ -23,8 +23,8 @@ divided by the tensor-parallel degree t where the engine shards them:
                        (output, logsumexp): the policy saves them; everything else is recomputed.
   full AC              the block input only.
 
-The last stage adds the final norm and what the head and loss save. Without tensor or pipeline parallelism the
-head computes the loss itself (meshlm/models/head.py) and saves its two gradients: the head input's (b·s·h, in the
+The last stage adds the final norm and what the head and loss save. Without tensor or pipeline parallelism (and
+not in fp16) the head computes the loss itself (meshlm/models/head.py) and saves its two gradients: the head input's (b·s·h, in the
 residual stream's dtype) and the head weight's (V·h, in the weight's dtype: fp32 masters, or FSDP2's gathered
 dtype). Otherwise the head's input (bf16 copy under autocast) and the loss's: with loss parallelism the fp32
 log-softmax of the vocabulary shard (4·b·s·V/t); else the chunked cross-entropy's logits in the compute dtype
@@ -99,17 +99,17 @@ def _gpt_block(sbh: float, t: int, sp: bool, ac: str, cb: int) -> float:
     return (34 / t if sp else 10 + 24 / t) * sbh * scale
 
 
-def fused_head(spec: ModelSpec, layout: Layout) -> bool:
+def fused_head(spec: ModelSpec, layout: Layout, training: Training) -> bool:
     """Whether the head computes the loss itself, without logits (meshlm/models/head.py): meshlm's decoder
-    without tensor parallelism (whose logits stay vocabulary-sharded) and without pipelining (whose last stage
-    hands logits to the schedule's loss)."""
-    return spec.arch != "gpt" and layout.tp == 1 and layout.pp == 1
+    without tensor parallelism (whose logits stay vocabulary-sharded), without pipelining (whose last stage
+    hands logits to the schedule's loss) and not in fp16 (whose loss scale must apply before fp16 rounding)."""
+    return spec.arch != "gpt" and layout.tp == 1 and layout.pp == 1 and training.precision != "fp16"
 
 
 def head_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> float:
     """Final norm + what the head and the loss save, one micro-batch (last stage)."""
     s, h, t = training.seq_len, spec.dim, layout.tp
-    if fused_head(spec, layout):
+    if fused_head(spec, layout, training):
         bs = b * s
         if training.precision == "fp32":
             norm, grad_h, grad_w = 4 * (2 * bs * h + bs), 4 * bs * h, 4 * spec.vocab_size * h

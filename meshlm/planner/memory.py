@@ -215,14 +215,14 @@ def logits_grad_bytes(spec: ModelSpec, layout: Layout, training: Training, b: in
     gradient in the compute dtype and, with the chunked cross-entropy, two fp32 (rows, V) temporaries of one chunk (logits − lse and its exp, alive
     together); torch's cross-entropy on vocabulary shards (loss parallelism) keeps one fp32 softmax instead."""
     s, cb = training.seq_len, training.compute_bytes
-    if act.fused_head(spec, layout):
+    if act.fused_head(spec, layout, training):
         # The head's fused loss (meshlm/models/head.py), at its forward: one chunk's fp32 logits and logsumexp's
         # temporary of the same size; in 16 bits also the chunk's matmul output and gradient in the compute
-        # dtype, and over several chunks the weight gradient's fp32 sum.
+        # dtype, and over several chunks the weight gradient's fp32 sum and the chunk's product it adds.
         rows = min(b * s, FUSED_CHUNK_ROWS)
         low = 0.0
         if cb != 4:
-            low = 2 * cb * rows * spec.vocab_size + (4 * spec.vocab_size * spec.dim if b * s > rows else 0)
+            low = 2 * cb * rows * spec.vocab_size + ((4 + cb) * spec.vocab_size * spec.dim if b * s > rows else 0)
         return 8 * rows * spec.vocab_size + low
     if layout.tp > 1 and layout.loss_parallel:
         return b * s * spec.vocab_size / layout.tp * (4 + cb)
