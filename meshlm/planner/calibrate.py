@@ -48,8 +48,7 @@ def calibrate(spec: ModelSpec, hw: Hardware, precision: str, seq_len: int, steps
 
         def step() -> None:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                logits = model(ids)
-                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+                loss = model(ids, labels=ids) / ids.numel()  # the training objectives' default head (fused)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
