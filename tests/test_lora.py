@@ -110,3 +110,27 @@ def test_peft_loads_the_adapter_with_meshlm_logits(tmp_path):
         theirs = adapted(input_ids=tokens).logits
     assert (ours - model(tokens)).abs().max() < 1e-4  # merged == adapter form
     torch.testing.assert_close(theirs, merged, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_dropout_under_activation_checkpointing_replays_the_forward_masks(mode):
+    """With LoRA dropout, the checkpointed blocks' recompute must draw the masks their forward drew: the adapters'
+    gradients equal those of the same step without checkpointing (same seed before the step)."""
+    from meshlm.distributed.activation_checkpoint import apply_activation_checkpointing
+
+    grads = []
+    for ac in ("none", mode):
+        cfg = flavor_config("debug")
+        model = build_model(cfg, "cpu", seed=0)
+        apply_lora(model, ["q", "v", "down"], 4, 8.0, dropout=0.3)
+        reset_lora_parameters(model, 0)
+        _randomise_b(model)
+        apply_activation_checkpointing(model, ac)
+        tokens = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+        torch.manual_seed(7)
+        model(tokens).float().square().mean().backward()
+        grads.append({n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone()
+                      for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)

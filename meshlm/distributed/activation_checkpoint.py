@@ -46,8 +46,12 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     if mode == "none":
         return
     for name, block in list(model.layers.named_children()):
+        # A block that draws random masks (LoRA dropout) must recompute with the masks its forward drew: the
+        # wrapper then saves and restores the RNG state around the recompute. Without dropout there is nothing
+        # to replay, and saving the state per block would be wasted work.
+        replay = any(isinstance(m, nn.Dropout) and m.p > 0 for m in block.modules())
         if mode == "full":
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=replay)
         else:
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=_selective_context)
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=replay, context_fn=_selective_context)
         model.layers.register_module(name, wrapped)
