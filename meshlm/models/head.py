@@ -15,7 +15,7 @@ cross-entropy, 65.7 ms fused (docs/benchmarks.md).
 Where it applies: plain tensors (single device, DDP, FSDP — inside the head's forward FSDP2 has gathered the
 weight), the non-pipelined model called with ``labels``, fp32 or bf16 (fp16 takes the logits path: its loss scale
 must apply before any fp16 rounding of the gradients). Tensor parallelism keeps logits sharded along the
-vocabulary (loss parallelism, meshlm/objectives/pretrain.py) and pipeline stages hand logits to the schedule's
+vocabulary (loss parallelism, meshlm/objectives/pretrain.py; the chunked cross-entropy below otherwise) and pipeline stages hand logits to the schedule's
 loss; both call the head without labels and use the chunked cross-entropy on logits.
 """
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-IGNORE_INDEX = -100  # meshlm.objectives.base.IGNORE_INDEX (the model package does not import objectives)
+IGNORE_INDEX = -100  # a label to skip (torch's default); meshlm.objectives.base re-exports it
 
 # Rows of (rows, V) handled at once. The chunk's fp32 logits are the only (rows, V) temporaries: 1,024 × V is
 # 16 MiB at V = 4,096 and 0.5 GiB at V = 128k. Measured on the `small` head: 256 and 1,024 rows run alike.

@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import torch
 from torch import nn
 
+# a label to skip: one constant for the model's head (which computes the loss) and every objective
+from meshlm.models.head import IGNORE_INDEX  # noqa: F401 (re-exported)
+
 if TYPE_CHECKING:
     from meshlm.config.schema import JobConfig
     from meshlm.distributed.engine import Engine
     from meshlm.tokenizer import MeshTokenizer
 
-IGNORE_INDEX = -100
 
 
 class Objective(Protocol):

@@ -136,7 +136,7 @@ def head_bytes(spec: ModelSpec, layout: Layout, training: Training, b: int) -> f
         norm = (4 + 2) * bs * h / norm_div + 4 * bs / norm_div + 2 * bs * h
     else:
         norm = 4 * (2 * bs * h / norm_div + bs / norm_div) + 2 * bs * h
-    lse = 0.0 if loss_parallel else 4 * bs  # the chunked cross-entropy's row log-sum-exps (objectives/pretrain.py)
+    lse = 0.0 if loss_parallel else 4 * bs  # the chunked cross-entropy's row log-sum-exps (models/head.py ChunkedCrossEntropy)
     return norm + loss_saved + lse
 
 

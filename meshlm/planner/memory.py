@@ -204,7 +204,7 @@ def memory(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int | N
     return mem
 
 
-# Rows per chunk of meshlm's chunked cross-entropy (meshlm/objectives/pretrain.py CHUNK_ROWS; the planner
+# Rows per chunk of meshlm's chunked cross-entropy (meshlm/models/head.py CHUNK_ROWS; the planner
 # stays free of torch, a test keeps the two equal).
 CE_CHUNK_ROWS = 4096
 FUSED_CHUNK_ROWS = 1024  # meshlm/models/head.py FUSED_CHUNK_ROWS (the same test keeps them equal)
