@@ -6,7 +6,8 @@ meshlm's chunked cross-entropy and by torch's F.cross_entropy — forward + back
     python scripts/bench_head.py --step small                      # whole training steps, fused head vs logits
 
 Times are the median thread CPU time with one torch thread (robust on a shared machine; --wall for wall-clock
-with the threads torch picks). Also prints what each variant keeps from forward to backward.
+with the threads torch picks). Also prints what each variant keeps from forward to backward, computed from the
+shapes (the tensors each one saves), not measured.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def main() -> None:
             "fused head (meshlm default)": 4 * (n * d + v * d)}
     print(f"# head + loss, fp32, {n} rows x d {d} x V {v}; {'wall' if args.wall else '1 thread, CPU'} time, median "
           f"of {args.iters - 5}; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
-    print("| variant | ms (forward + backward) | kept from forward to backward (MiB) |")
+    print("| variant | ms (forward + backward) | kept from forward to backward (MiB, from the shapes) |")
     print("|---|---|---|")
     for name, ts in times.items():
         print(f"| {name} | {1e3 * statistics.median(ts[5:]):.1f} | {kept[name] / 2**20:.1f} |")
