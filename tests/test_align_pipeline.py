@@ -111,3 +111,32 @@ def test_resume_reuses_every_finished_stage_and_evaluation(tiny_run):
     assert sum("reused" in line for line in logs) == 4 + 5  # base, sft, on-policy pairs, dpo; 5 evaluations
     assert again["models"] == json.loads(json.dumps(report["models"]))
     assert again["gates"] == report["gates"]
+
+
+def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_run, tmp_path):
+    import shutil
+
+    from meshlm.errors import DataError
+    from meshlm.safety.classifier import ClassifierConfig, TrainedJudge
+    from meshlm.safety.pipeline import run_pipeline
+
+    run, report = tiny_run
+    with pytest.raises(DataError, match="classifier.json"):
+        run_pipeline(load_align_config(None, [f'eval.judge="trained:{tmp_path}/none"']), tmp_path / "r",
+                     log=lambda msg: None)
+    assert not (tmp_path / "r").exists()  # nothing was trained or written
+
+    rows = [{"prompt": "q", "response": r, "label": lab} for r, lab in
+            [("I can't help with that.", "refuse"), ("Here it is: x.", "answer"), ("Info; see a doctor.", "warn")] * 8]
+    judge_dir = TrainedJudge.train(rows, ClassifierConfig(steps=2, dim=16, n_layers=1, vocab_size=300)).save(
+        tmp_path / "judge")
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    logs: list[str] = []
+    cfg = load_align_config(copy / "align.resolved.toml", [f'eval.judge="trained:{judge_dir}"'])
+    again = run_pipeline(cfg, copy, resume=True, log=logs.append)
+    assert sum("reused" in line for line in logs) == 4  # the trained stages, but no evaluation
+    for stage in ("sft", "dpo"):
+        done = json.loads((copy / "eval" / stage / "heldout" / "report.json").read_text())
+        assert done["judge"] == f"trained:{judge_dir}" != report["models"][stage]["heldout"]["judge"]
+    assert again["models"]["dpo"]["heldout"]["n"] == report["models"]["dpo"]["heldout"]["n"]

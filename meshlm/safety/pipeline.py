@@ -158,21 +158,24 @@ def evaluation_sets(cfg: AlignConfig, data: Path) -> dict[str, list[dict]]:
 
 def evaluate_model(name: str, checkpoint: Path, sets: dict[str, list[dict]], cfg: AlignConfig, out: Path,
                    gates: str | None, log: Log, resume: bool = False) -> dict[str, dict]:
-    """Greedy responses to every set, judged by the rule judge; writes eval/<name>/<set>/. With ``resume``, a
-    set whose report exists for the same prompts is reused."""
+    """Greedy responses to every set, judged by ``eval.judge`` (the rule judge by default); writes
+    eval/<name>/<set>/. With ``resume``, a set whose report exists for the same prompts and judge is reused."""
     from meshlm.safety.evaluate import checkpoint_generator, evaluate_safety, write_outputs
+    from meshlm.safety.judge import make_judge
 
     generate = None
+    judge = make_judge(cfg.eval.judge)
     reports = {}
     for set_name, rows in sets.items():
         done = out / name / set_name / "report.json"
-        if resume and done.is_file() and _same_prompts(out / name / set_name / "responses.jsonl", rows):
+        if (resume and done.is_file() and json.loads(done.read_text()).get("judge") == judge.name
+                and _same_prompts(out / name / set_name / "responses.jsonl", rows)):
             reports[set_name] = json.loads(done.read_text())
             log(f"eval {name}/{set_name}: reused {done}")
             continue
         generate = generate or checkpoint_generator(checkpoint, max_new_tokens=cfg.eval.max_new_tokens)
         start = time.perf_counter()
-        report = evaluate_safety(rows, generate, gates=gates if set_name == "heldout" else None,
+        report = evaluate_safety(rows, generate, judge=judge, gates=gates if set_name == "heldout" else None,
                                  batch_size=cfg.eval.batch_size)
         write_outputs(report, out / name / set_name)
         reports[set_name] = {k: v for k, v in report.items() if k != "records"}
@@ -212,6 +215,9 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     from meshlm.safety.align_report import write_report
     from meshlm.safety.synth import SynthSizes
 
+    from meshlm.safety.judge import make_judge
+
+    make_judge(cfg.eval.judge)  # a judge that cannot load fails here, before any training
     run_dir = Path(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise CheckpointError(f"run directory '{run_dir}' is not empty; pass --resume auto to continue it or "
