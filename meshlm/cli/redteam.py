@@ -28,7 +28,7 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--target", help="keep only rewrites that succeed against this model (checkpoint or URL)")
     p.add_argument("--target-model", help="the target endpoint's model name")
     p.add_argument("--judge", default="rule", help="judge of the target's replies: rule (default), trained:PATH, "
-                                                   "llm:URL (with --judge-model)")
+                                                   "encoder:PATH, llm:URL (with --judge-model)")
     p.add_argument("--judge-model", help="the LLM judge endpoint's model name")
     p.add_argument("--attack-rounds", type=int, default=1, help="attacker retries for seeds not yet broken")
     p.add_argument("--max-new-tokens", type=int, default=128, help="for the attacker's and the target's replies")

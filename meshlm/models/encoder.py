@@ -35,10 +35,13 @@ class EncoderConfig:
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
     pad_token_id: int = 0
-    dropout: float = 0.1  # hidden and attention dropout while training (BERT's 0.1)
+    dropout: float = 0.1  # hidden dropout while training (BERT's hidden_dropout_prob)
+    attention_dropout: float = 0.1  # BERT's attention_probs_dropout_prob
 
     @classmethod
     def from_hf(cls, cfg: dict, where: str) -> "EncoderConfig":
+        if not isinstance(cfg, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
         kind = cfg.get("model_type")
         if kind != "bert" and (kind is not None or "bert" not in str(cfg.get("architectures", "")).lower()):
             raise DataError(f"{where}: model_type {cfg.get('model_type')!r} is not a BERT encoder "
@@ -48,11 +51,22 @@ class EncoderConfig:
                             "(only 'absolute')")
         if cfg.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "relu"):
             raise DataError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (gelu, gelu_new, relu)")
-        names = {f.name for f in fields(cls)} - {"dropout"}
         if "vocab_size" not in cfg:
             raise DataError(f"{where}: 'vocab_size' is missing")
-        kwargs = {k: v for k, v in cfg.items() if k in names and v is not None}
-        return cls(**kwargs, dropout=float(cfg.get("hidden_dropout_prob", 0.1)))
+        kwargs: dict = {"dropout": cfg.get("hidden_dropout_prob", 0.1),
+                        "attention_dropout": cfg.get("attention_probs_dropout_prob", 0.1)}
+        for f in fields(cls):
+            value = cfg.get(f.name) if f.name in cfg else kwargs.get(f.name)
+            if value is None:
+                continue
+            want = {"int": int, "float": (int, float), "str": str}[str(f.type)]
+            if isinstance(value, bool) or not isinstance(value, want):
+                raise DataError(f"{where}: {f.name!r} must be {str(f.type)}, got {value!r}")
+            kwargs[f.name] = float(value) if f.type == "float" else value
+        hidden, heads = kwargs.get("hidden_size", 384), kwargs.get("num_attention_heads", 12)
+        if heads < 1 or hidden % heads:
+            raise DataError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        return cls(**kwargs)
 
 
 class _Layer(nn.Module):
@@ -66,12 +80,12 @@ class _Layer(nn.Module):
         self.ffn_norm = nn.LayerNorm(h, eps=eps)
         self.act = {"gelu": F.gelu, "relu": F.relu,
                     "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[cfg.hidden_act]
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout, self.attention_dropout = nn.Dropout(cfg.dropout), cfg.attention_dropout
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         q, k, v = (proj(x).view(b, s, self.n_heads, -1).transpose(1, 2) for proj in (self.query, self.key, self.value))
-        p = self.dropout.p if self.training else 0.0  # BERT drops attention probabilities and both sublayer outputs
+        p = self.attention_dropout if self.training else 0.0  # BERT drops attention probabilities and both sublayer outputs
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
         x = self.attn_norm(x + self.dropout(self.attn_out(a.transpose(1, 2).reshape(b, s, h))))
         return self.ffn_norm(x + self.dropout(self.down(self.act(self.up(x)))))
@@ -139,21 +153,29 @@ class TextEncoder(nn.Module):
                             "(expected a Hugging Face BERT folder with config.json, model.safetensors, tokenizer.json)")
         try:
             hf_cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise DataError(f"{folder / 'config.json'}: not valid JSON ({exc})") from None
         cfg = EncoderConfig.from_hf(hf_cfg, str(folder / "config.json"))
         model = cls(cfg)
         state = {}
-        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        weights = folder / "model.safetensors"
+        try:
+            f = safe_open(str(weights), "pt")
+        except Exception as exc:  # safetensors raises its own error type on a damaged header
+            raise DataError(f"{weights}: not a readable safetensors file ({exc}); re-download or re-train it") from None
+        with f:
             stored = set(f.keys())
             for name, param in model.state_dict().items():
                 key = cls.hf_name(name)
                 key = key if key in stored else f"bert.{key}"
                 if key not in stored:
-                    raise DataError(f"{folder / 'model.safetensors'}: tensor {cls.hf_name(name)!r} is missing")
-                tensor = f.get_tensor(key)
+                    raise DataError(f"{weights}: tensor {cls.hf_name(name)!r} is missing")
+                try:
+                    tensor = f.get_tensor(key)
+                except Exception as exc:
+                    raise DataError(f"{weights}: tensor {key!r} cannot be read ({exc})") from None
                 if tensor.shape != param.shape:
-                    raise DataError(f"{folder / 'model.safetensors'}: {key} has shape {tuple(tensor.shape)}, "
+                    raise DataError(f"{weights}: {key} has shape {tuple(tensor.shape)}, "
                                     f"config.json implies {tuple(param.shape)}")
                 state[name] = tensor.float()
         model.load_state_dict(state)
@@ -167,9 +189,9 @@ class TextEncoder(nn.Module):
         from dataclasses import asdict
 
         cfg = asdict(self.cfg)
-        p = cfg.pop("dropout")
+        hidden, attention = cfg.pop("dropout"), cfg.pop("attention_dropout")
         return {"model_type": "bert", "architectures": ["BertModel"], "position_embedding_type": "absolute",
-                "hidden_dropout_prob": p, "attention_probs_dropout_prob": p, **cfg}
+                "hidden_dropout_prob": hidden, "attention_probs_dropout_prob": attention, **cfg}
 
 
 class EncoderTokenizer:
@@ -183,6 +205,9 @@ class EncoderTokenizer:
             self.tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
             raise DataError(f"{path}: not a tokenizers JSON file ({exc})") from None
+        if self.tok.get_vocab_size() > cfg.vocab_size:
+            raise DataError(f"{path}: the tokenizer has {self.tok.get_vocab_size()} tokens but config.json's "
+                            f"vocab_size is {cfg.vocab_size}: the two files are from different models")
         self.tok.no_padding()
         self.tok.no_truncation()
         self.path, self.pad_id = path, cfg.pad_token_id

@@ -162,6 +162,8 @@ class EncoderJudge:
         folder = resolve_encoder(encoder)
         torch.manual_seed(cfg.seed)
         enc, tok = TextEncoder.from_folder(folder)
+        if cfg.max_len > enc.cfg.max_position_embeddings:  # the encoder reads no more positions than it learned
+            cfg = EncoderJudgeConfig(**{**asdict(cfg), "max_len": enc.cfg.max_position_embeddings})
         head = nn.Linear(enc.cfg.hidden_size, len(LABELS))
         meta = {"config": asdict(cfg), "encoder": {"source": str(encoder), "folder": str(folder),
                                                   "hidden_size": enc.cfg.hidden_size,
@@ -209,6 +211,18 @@ class EncoderJudge:
         from meshlm.fileio import atomic_write_text
 
         folder = Path(folder)
+        if folder.exists() and not folder.is_dir():
+            raise DataError(f"--out {folder} is a file; give a folder for the judge")
+        source = self.meta.get("encoder", {}).get("folder")
+        if source and folder.resolve() == Path(source).resolve():
+            raise DataError(f"--out {folder} is the encoder the judge started from; give another folder "
+                            "(saving there would replace the pretrained weights)")
+        ours = {"judge.json", "config.json", "model.safetensors", "tokenizer.json"}
+        foreign = sorted(p.name for p in folder.iterdir() if p.name not in ours and not p.name.startswith(".")) \
+            if folder.is_dir() else []
+        if foreign:  # a judge folder (or one whose save was interrupted) holds only the judge's files
+            raise DataError(f"--out {folder} is not empty and holds no encoder judge (it has {', '.join(foreign[:3])}); "
+                            "give a new or empty folder")
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "judge.json").unlink(missing_ok=True)  # a half-rewritten folder must not load as the old judge
         state = self.encoder.hf_state_dict()
@@ -237,17 +251,32 @@ class EncoderJudge:
         if not meta_path.is_file():
             raise DataError(f"{folder} is not a saved encoder judge (no judge.json); train one with "
                             "`meshlm judge --train-judge LABELLED.jsonl --encoder DIR --out DIR`")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("kind") != "encoder-judge" or meta.get("labels") != list(LABELS):
-            raise DataError(f"{meta_path}: a {meta.get('kind')!r} over {meta.get('labels')}, not an encoder judge "
-                            f"over {list(LABELS)}")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(f"{meta_path}: not valid JSON ({exc}); re-train the judge") from None
+        if not isinstance(meta, dict) or meta.get("kind") != "encoder-judge" or meta.get("labels") != list(LABELS):
+            kind, labels = (meta.get("kind"), meta.get("labels")) if isinstance(meta, dict) else (None, None)
+            raise DataError(f"{meta_path}: a {kind!r} over {labels}, not an encoder judge over {list(LABELS)}")
+        max_len = meta.get("config", {}).get("max_len") if isinstance(meta.get("config"), dict) else None
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 4:
+            raise DataError(f"{meta_path}: 'config.max_len' must be a whole number >= 4, got {max_len!r}")
         enc, tok = TextEncoder.from_folder(folder)
+        if max_len > enc.cfg.max_position_embeddings:
+            raise DataError(f"{meta_path}: config.max_len {max_len} exceeds the encoder's "
+                            f"{enc.cfg.max_position_embeddings} positions")
         head = nn.Linear(enc.cfg.hidden_size, len(LABELS))
-        with safe_open(str(folder / "model.safetensors"), "pt") as f:
-            if "judge_head.weight" not in f.keys():
-                raise DataError(f"{folder / 'model.safetensors'}: no judge_head tensors (not a trained judge)")
-            head.load_state_dict({"weight": f.get_tensor("judge_head.weight").float(),
-                                  "bias": f.get_tensor("judge_head.bias").float()})
+        weights = folder / "model.safetensors"
+        with safe_open(str(weights), "pt") as f:
+            names = set(f.keys())
+            missing = [n for n in ("judge_head.weight", "judge_head.bias") if n not in names]
+            if missing:
+                raise DataError(f"{weights}: no {', '.join(missing)} (an encoder folder, not a trained judge)")
+            state = {"weight": f.get_tensor("judge_head.weight").float(), "bias": f.get_tensor("judge_head.bias").float()}
+        if state["weight"].shape != head.weight.shape or state["bias"].shape != head.bias.shape:
+            raise DataError(f"{weights}: judge_head has shape {tuple(state['weight'].shape)}, expected "
+                            f"{tuple(head.weight.shape)}")
+        head.load_state_dict(state)
         return cls(enc, tok, head, meta, str(folder))
 
 

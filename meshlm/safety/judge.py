@@ -7,8 +7,9 @@
 
 Three judges share the :class:`Judge` interface: :class:`RuleJudge` (the default: clause roles from
 rules.py), :class:`LLMJudge` (a fixed rubric sent to any OpenAI-compatible endpoint) and the trained judge
-(classifier.py, a reward-model-style class head on a meshlm trunk). :func:`make_judge` builds one from the CLI
-form ``rule`` | ``trained:PATH`` | ``llm:URL[#MODEL]``.
+(classifier.py, a reward-model-style class head on a meshlm trunk) and the encoder judge (encoder_judge.py, a
+pretrained BERT-family encoder fine-tuned on labelled responses). :func:`make_judge` builds one from the CLI
+form ``rule`` | ``trained:PATH`` | ``encoder:PATH`` | ``llm:URL[#MODEL]``.
 """
 
 from __future__ import annotations
