@@ -129,11 +129,8 @@ def _labelled_rows(sources: list[str]) -> list[dict]:
 def _train_encoder_judge(args: argparse.Namespace) -> int:
     from meshlm.safety.encoder_judge import EncoderJudge, EncoderJudgeConfig, log_stderr
 
-    ignored = [flag for flag, value in (("--steps", args.steps), ("--trunk", args.trunk), ("--spec", args.spec))
-               if value is not None]
-    if ignored:
-        raise ConfigError(f"{', '.join(ignored)} belong to the tiny classifier; the encoder judge takes --epochs "
-                          "and --seed")
+    _refuse_flags(args, ("steps", "trunk", "spec"), "belong to the tiny classifier; the encoder judge takes "
+                                                    "--epochs and --seed")
     args.epochs = 3 if args.epochs is None else args.epochs
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
@@ -142,13 +139,21 @@ def _train_encoder_judge(args: argparse.Namespace) -> int:
           file=sys.stderr)
     judge = EncoderJudge.train(rows, args.encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed or 0),
                                log=log_stderr)
-    folder = judge.save(args.out)
-    summary = {"kind": "encoder-judge", "out": str(folder), **judge.meta["training"]}
+    return _report_saved(args, "encoder-judge", judge.save(args.out), judge.meta["training"])
+
+
+def _refuse_flags(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    given = [f"--{name}" for name in names if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} {why}")
+
+
+def _report_saved(args: argparse.Namespace, kind: str, folder: Path, training: dict) -> int:
+    summary = {"kind": kind, "out": str(folder), **training}
     if args.json:
         emit(summary)
     else:
-        print(f"saved encoder judge to {folder}: train accuracy {summary['train_accuracy']:.3f}, "
-              f"{summary['seconds']} s")
+        print(f"saved {kind} to {folder}: train accuracy {summary['train_accuracy']:.3f}, {summary['seconds']} s")
     return 0
 
 
@@ -158,10 +163,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.encoder:
         return _train_encoder_judge(args)
-    ignored = [flag for flag, value in (("--epochs", args.epochs), ("--seed", args.seed)) if value is not None]
-    if ignored:
-        raise ConfigError(f"{', '.join(ignored)} belong to the encoder judge (--encoder); the tiny classifier "
-                          "takes --steps")
+    _refuse_flags(args, ("epochs", "seed"), "belong to the encoder judge (--encoder); the tiny classifier takes --steps")
     args.steps = 300 if args.steps is None else args.steps
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
@@ -177,11 +179,4 @@ def _train(args: argparse.Namespace) -> int:
 
         spec = load_spec(args.spec)
         model = Guard.train(rows, {name: c.policy for name, c in spec.categories.items()}, cfg, trunk=args.trunk)
-    folder = model.save(args.out)
-    summary = {"kind": "judge" if args.train_judge else "guard", "out": str(folder), **model.meta["training"]}
-    if args.json:
-        emit(summary)
-    else:
-        print(f"saved {summary['kind']} to {folder}: train accuracy {summary['train_accuracy']:.3f}, "
-              f"{summary['seconds']} s")
-    return 0
+    return _report_saved(args, "judge" if args.train_judge else "guard", model.save(args.out), model.meta["training"])
