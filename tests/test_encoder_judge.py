@@ -128,7 +128,7 @@ def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
     with pytest.raises(DataError, match="no judge.json"):
         EncoderJudge.load(tiny_encoder)
     # saving refuses the encoder it started from, a file and a non-empty folder that is no judge
-    for out, match in ((tiny_encoder, "the encoder the judge started from"), (tmp_path / "f", "is a file"),
+    for out, match in ((tiny_encoder, "the encoder the judge starts from"), (tmp_path / "f", "is a file"),
                        (tmp_path / "other", "holds no encoder judge")):
         if out.name == "f":
             out.write_text("x")
@@ -249,3 +249,17 @@ def test_cli_trains_and_uses_an_encoder_judge(tmp_path, capfd, tiny_encoder):
         assert code == 2 and message in err and "Traceback" not in err, err
     code, _, err = cli("judge", "--train-judge", str(labelled), str(labelled), "--out", str(tmp_path / "j2"))
     assert code == 2 and "not both" in err
+    # a folder that cannot take the judge is refused before any training
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    code, _, err = cli("judge", "--train-judge", str(labelled), "--encoder", str(tiny_encoder), "--out", str(mine))
+    assert code == 2 and "holds no encoder judge" in err and "fine-tuning" not in err
+    code, _, err = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--judge", f"encoder:{tmp_path}/x")
+    assert code == 2 and "no such folder" in err
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~mask

@@ -2,7 +2,7 @@
 
     meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|trained:PATH|encoder:PATH|llm:URL#MODEL] [--json]
     meshlm judge --train-judge LABELLED.jsonl --out DIR [--steps N] [--trunk RUN] [--json]
-    meshlm judge --train-judge shipped --train-judge synthetic:500 [--train-judge LABELLED.jsonl ...] \
+    meshlm judge --train-judge shipped --train-judge synthetic:500 [--train-judge LABELLED.jsonl ...]
                  --encoder minilm|DIR --out DIR [--epochs N] [--seed S] [--json]
     meshlm judge --train-guard LABELLED.jsonl --out DIR [--spec SPEC.toml] [--steps N] [--trunk RUN] [--json]
 
@@ -127,17 +127,20 @@ def _labelled_rows(sources: list[str]) -> list[dict]:
 
 
 def _train_encoder_judge(args: argparse.Namespace) -> int:
-    from meshlm.safety.encoder_judge import EncoderJudge, EncoderJudgeConfig, log_stderr
+    from meshlm.safety.encoder_judge import (EncoderJudge, EncoderJudgeConfig, check_out_folder, log_stderr,
+                                             resolve_encoder)
 
     _refuse_flags(args, ("steps", "trunk", "spec"), "belong to the tiny classifier; the encoder judge takes "
                                                     "--epochs and --seed")
     args.epochs = 3 if args.epochs is None else args.epochs
     if args.epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
+    encoder = resolve_encoder(args.encoder)
+    check_out_folder(Path(args.out), encoder)  # before minutes of training, not after
     rows = _labelled_rows(args.train_judge)
     print(f"fine-tuning encoder {args.encoder} as a judge on {len(rows)} rows ({args.epochs} epochs)",
           file=sys.stderr)
-    judge = EncoderJudge.train(rows, args.encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed or 0),
+    judge = EncoderJudge.train(rows, encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed or 0),
                                log=log_stderr)
     return _report_saved(args, "encoder-judge", judge.save(args.out), judge.meta["training"])
 

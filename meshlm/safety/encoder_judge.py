@@ -112,10 +112,35 @@ def resolve_encoder(spec: str | Path) -> Path:
             with zipfile.ZipFile(archive) as zf:
                 zf.extractall(tmp)
             shutil.rmtree(target, ignore_errors=True)
+            os.chmod(tmp, _umask_mode(0o777))  # mkdtemp's folder is private; the cache is not
             os.replace(tmp, target)  # whole folder or nothing
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+_JUDGE_FILES = ("judge.json", "config.json", "model.safetensors", "tokenizer.json")
+
+
+def _umask_mode(mode: int) -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mode & ~mask
+
+
+def check_out_folder(folder: Path, source: Path | None) -> None:
+    """Where a judge may be saved: not a file, not the encoder it starts from, and an absent or empty folder or
+    one holding only a judge's files (a judge, or one whose save was interrupted)."""
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"--out {folder} is a file; give a folder for the judge")
+    if source is not None and folder.resolve() == Path(source).resolve():
+        raise DataError(f"--out {folder} is the encoder the judge starts from; give another folder "
+                        "(saving there would replace the pretrained weights)")
+    foreign = sorted(p.name for p in folder.iterdir() if p.name not in _JUDGE_FILES and not p.name.startswith(".")) \
+        if folder.is_dir() else []
+    if foreign:
+        raise DataError(f"--out {folder} is not empty and holds no encoder judge (it has {', '.join(foreign[:3])}); "
+                        "give a new or empty folder")
 
 
 class EncoderJudge:
@@ -211,18 +236,8 @@ class EncoderJudge:
         from meshlm.fileio import atomic_write_text
 
         folder = Path(folder)
-        if folder.exists() and not folder.is_dir():
-            raise DataError(f"--out {folder} is a file; give a folder for the judge")
         source = self.meta.get("encoder", {}).get("folder")
-        if source and folder.resolve() == Path(source).resolve():
-            raise DataError(f"--out {folder} is the encoder the judge started from; give another folder "
-                            "(saving there would replace the pretrained weights)")
-        ours = {"judge.json", "config.json", "model.safetensors", "tokenizer.json"}
-        foreign = sorted(p.name for p in folder.iterdir() if p.name not in ours and not p.name.startswith(".")) \
-            if folder.is_dir() else []
-        if foreign:  # a judge folder (or one whose save was interrupted) holds only the judge's files
-            raise DataError(f"--out {folder} is not empty and holds no encoder judge (it has {', '.join(foreign[:3])}); "
-                            "give a new or empty folder")
+        check_out_folder(folder, Path(source) if source else None)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "judge.json").unlink(missing_ok=True)  # a half-rewritten folder must not load as the old judge
         state = self.encoder.hf_state_dict()
@@ -240,6 +255,9 @@ class EncoderJudge:
         atomic_write_text(folder / "tokenizer.json", Path(self.tokenizer.path).read_text(encoding="utf-8"))
         meta = {"format": FORMAT_VERSION, "kind": "encoder-judge", "labels": list(LABELS), **self.meta}
         atomic_write_text(folder / "judge.json", json.dumps(meta, indent=2) + "\n")
+        mode = _umask_mode(0o666)  # temp files are private while written; the judge is an ordinary folder
+        for name in _JUDGE_FILES:
+            os.chmod(folder / name, mode)
         return folder
 
     @classmethod
@@ -248,6 +266,8 @@ class EncoderJudge:
 
         folder = Path(folder)
         meta_path = folder / "judge.json"
+        if not folder.is_dir():
+            raise DataError(f"encoder judge {folder}: no such folder")
         if not meta_path.is_file():
             raise DataError(f"{folder} is not a saved encoder judge (no judge.json); train one with "
                             "`meshlm judge --train-judge LABELLED.jsonl --encoder DIR --out DIR`")
