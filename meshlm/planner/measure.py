@@ -108,6 +108,11 @@ def held_grad_bytes(parts: Iterable[nn.Module]) -> int:
     return total
 
 
+def _c10d_ops(*names: str) -> frozenset:
+    ops = getattr(torch.ops, "c10d", None)
+    return frozenset(getattr(ops, name).default for name in names if ops is not None and hasattr(ops, name))
+
+
 class MemoryMeter(TorchDispatchMode):
     """Live tensor bytes by kind over a region (one training step)."""
 
@@ -133,6 +138,9 @@ class MemoryMeter(TorchDispatchMode):
         statics += [v for opt in optimizers for s in opt.state.values() for v in s.values()
                     if isinstance(v, torch.Tensor)]
         self._params = [p for part in parts for p in part.parameters()]
+        # the in-place all-gathers FSDP2 issues (all_gather_into_tensor and its coalesced form); looked up here,
+        # once torch.distributed has registered them
+        self._all_gathers = _c10d_ops("_allgather_base_", "allgather_into_tensor_coalesced_", "allgather_")
         for t in statics:
             self._track(local(t), "static")
             self._param_storages.add(id(local(t).untyped_storage()))
@@ -168,16 +176,17 @@ class MemoryMeter(TorchDispatchMode):
         loss makes its weight gradient in forward, and autograd adopts that tensor as .grad when the parameter
         had none (with gradient accumulation it then stays .grad through the next micro-steps)."""
         for p in self._params:
-            g = p.grad
-            if g is None:
-                continue
-            key = id(local(g).untyped_storage())
-            info = self._info.get(key)
-            if info is not None and info[1] == "activation":
-                serial, _, nbytes = info
-                self._live["activation"] -= nbytes
-                self._live["other"] += nbytes
-                self._info[key] = (serial, "other", nbytes)
+            if p.grad is not None:
+                self._not_an_activation(p.grad)
+
+    def _not_an_activation(self, t: torch.Tensor) -> None:
+        key = id(local(t).untyped_storage())
+        info = self._info.get(key)
+        if info is not None and info[1] == "activation":
+            serial, _, nbytes = info
+            self._live["activation"] -= nbytes
+            self._live["other"] += nbytes
+            self._info[key] = (serial, "other", nbytes)
 
     def note_grads(self, grads: Iterable[torch.Tensor]) -> None:
         """Name the storages that are gradients (known only at the optimizer step)."""
@@ -205,11 +214,17 @@ class MemoryMeter(TorchDispatchMode):
             kind = "activation"
             if func is torch.ops.aten._to_copy.default and self._is_param(args[0]):
                 kind = "param_copy"  # autocast's low-precision copy of a weight: a buffer, not an activation
-            elif getattr(func, "namespace", "") == "fsdp":
+            elif getattr(func, "namespace", "") == "fsdp" or func in self._all_gathers:
                 # FSDP2's all-gather input/output buffers: a collective buffer, not an activation. How long one
                 # lives depends on when the async collective's work releases it, so counting it as an
-                # activation made the figure depend on the machine's load (+ one gathered unit at times).
+                # activation made the figure depend on the machine's load (+ one gathered unit at times). The
+                # output buffer is allocated by a plain aten op before the collective fills it: it becomes a
+                # buffer when an all-gather or FSDP's copy ops take it (tensor parallelism gathers activations
+                # with the functional collectives, which are not in this set).
                 kind = "other"
+                for t in tree_flatten((args, kwargs))[0]:
+                    if isinstance(t, torch.Tensor):
+                        self._not_an_activation(t)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(local(t), kind)
