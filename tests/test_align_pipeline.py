@@ -139,4 +139,5 @@ def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_
     for stage in ("sft", "dpo"):
         done = json.loads((copy / "eval" / stage / "heldout" / "report.json").read_text())
         assert done["judge"] == f"trained:{judge_dir}" != report["models"][stage]["heldout"]["judge"]
-    assert again["models"]["dpo"]["heldout"]["n"] == report["models"]["dpo"]["heldout"]["n"]
+    assert f"judge `trained:{judge_dir}`" in (copy / "report.md").read_text()
+    assert "judge `rule`" in (run / "report.md").read_text()

@@ -108,11 +108,6 @@ def held_grad_bytes(parts: Iterable[nn.Module]) -> int:
     return total
 
 
-def _c10d_ops(*names: str) -> frozenset:
-    ops = getattr(torch.ops, "c10d", None)
-    return frozenset(getattr(ops, name).default for name in names if ops is not None and hasattr(ops, name))
-
-
 class MemoryMeter(TorchDispatchMode):
     """Live tensor bytes by kind over a region (one training step)."""
 
@@ -138,9 +133,6 @@ class MemoryMeter(TorchDispatchMode):
         statics += [v for opt in optimizers for s in opt.state.values() for v in s.values()
                     if isinstance(v, torch.Tensor)]
         self._params = [p for part in parts for p in part.parameters()]
-        # the in-place all-gathers FSDP2 issues (all_gather_into_tensor and its coalesced form); looked up here,
-        # once torch.distributed has registered them
-        self._all_gathers = _c10d_ops("_allgather_base_", "allgather_into_tensor_coalesced_", "allgather_")
         for t in statics:
             self._track(local(t), "static")
             self._param_storages.add(id(local(t).untyped_storage()))
@@ -214,13 +206,12 @@ class MemoryMeter(TorchDispatchMode):
             kind = "activation"
             if func is torch.ops.aten._to_copy.default and self._is_param(args[0]):
                 kind = "param_copy"  # autocast's low-precision copy of a weight: a buffer, not an activation
-            elif getattr(func, "namespace", "") == "fsdp" or func in self._all_gathers:
+            elif getattr(func, "namespace", "") == "fsdp":
                 # FSDP2's all-gather input/output buffers: a collective buffer, not an activation. How long one
                 # lives depends on when the async collective's work releases it, so counting it as an
                 # activation made the figure depend on the machine's load (+ one gathered unit at times). The
-                # output buffer is allocated by a plain aten op before the collective fills it: it becomes a
-                # buffer when an all-gather or FSDP's copy ops take it (tensor parallelism gathers activations
-                # with the functional collectives, which are not in this set).
+                # output buffer is allocated by a plain aten op (torch.empty) before FSDP's copy-in op takes it:
+                # whatever an fsdp op takes is a buffer too (its other arguments are parameters and shards).
                 kind = "other"
                 for t in tree_flatten((args, kwargs))[0]:
                     if isinstance(t, torch.Tensor):

@@ -20,10 +20,15 @@ def _cell(stat: dict | None) -> str:
     return f"{stat['rate']:.3f} [{lo:.2f}, {hi:.2f}] n={stat['n']}"
 
 
+def _judge(report: dict[str, Any]) -> str:
+    names = {sets[s].get("judge", "rule") for sets in report["models"].values() for s in sets}
+    return ", ".join(sorted(names))
+
+
 def report_markdown(report: dict[str, Any]) -> str:
     lines = ["# meshlm align report", "",
              f"Final model: `{report['final_model']}`; gates {'PASSED' if report['passed'] else 'FAILED'}. "
-             "Rates with Wilson 95% intervals, rule judge, greedy decoding, model alone.", ""]
+             f"Rates with Wilson 95% intervals, judge `{_judge(report)}`, greedy decoding, model alone.", ""]
     for set_name in ("heldout", "synthetic"):
         models = [m for m in report["models"] if set_name in report["models"][m]]
         lines += [f"## {set_name} prompts ({report['sets'].get(set_name, 0)})", "",

@@ -157,20 +157,21 @@ def evaluation_sets(cfg: AlignConfig, data: Path) -> dict[str, list[dict]]:
 
 
 def evaluate_model(name: str, checkpoint: Path, sets: dict[str, list[dict]], cfg: AlignConfig, out: Path,
-                   gates: str | None, log: Log, resume: bool = False) -> dict[str, dict]:
-    """Greedy responses to every set, judged by ``eval.judge`` (the rule judge by default); writes
+                   gates: str | None, log: Log, resume: bool = False, judge=None) -> dict[str, dict]:
+    """Greedy responses to every set, judged by ``judge`` (``eval.judge``'s, built here when None); writes
     eval/<name>/<set>/. With ``resume``, a set whose report exists for the same prompts and judge is reused."""
     from meshlm.safety.evaluate import checkpoint_generator, evaluate_safety, write_outputs
     from meshlm.safety.judge import make_judge
 
     generate = None
-    judge = make_judge(cfg.eval.judge)
+    judge = judge or make_judge(cfg.eval.judge)
     reports = {}
     for set_name, rows in sets.items():
         done = out / name / set_name / "report.json"
-        if (resume and done.is_file() and json.loads(done.read_text()).get("judge") == judge.name
+        previous = json.loads(done.read_text()) if resume and done.is_file() else None
+        if (previous is not None and previous.get("judge") == judge.name
                 and _same_prompts(out / name / set_name / "responses.jsonl", rows)):
-            reports[set_name] = json.loads(done.read_text())
+            reports[set_name] = previous
             log(f"eval {name}/{set_name}: reused {done}")
             continue
         generate = generate or checkpoint_generator(checkpoint, max_new_tokens=cfg.eval.max_new_tokens)
@@ -217,7 +218,8 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
 
     from meshlm.safety.judge import make_judge
 
-    make_judge(cfg.eval.judge)  # a judge that cannot load fails here, before any training
+    judge = make_judge(cfg.eval.judge)  # a judge that cannot load fails here, before any training (an llm:
+    # judge's URL and model name are checked for form only: the endpoint is first asked at evaluation)
     run_dir = Path(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise CheckpointError(f"run directory '{run_dir}' is not empty; pass --resume auto to continue it or "
@@ -258,7 +260,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
         t_model = time.perf_counter()
         model_sets = {"heldout": sets["heldout"]} if name == "base" else sets  # the base is compared on heldout
         reports[name] = evaluate_model(name, path, model_sets, cfg, run_dir / "eval",
-                                       cfg.eval.gates or None if name == final else None, log, resume)
+                                       cfg.eval.gates or None if name == final else None, log, resume, judge)
         timings[f"eval_{name}_s"] = time.perf_counter() - t_model
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
