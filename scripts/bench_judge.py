@@ -5,7 +5,7 @@
     python scripts/bench_judge.py --train-on labelled_responses.jsonl   # also train a judge here and bench it
     python scripts/bench_judge.py --train-on labelled.jsonl --train-features roles  # ... on the rule roles too
     python scripts/bench_judge.py --errors                          # print every misjudged row
-    python scripts/bench_judge.py --judge rule --judge encoder:DIR --data a.jsonl --data b.jsonl --pooled
+    python scripts/bench_judge.py --judge rule --judge encoder:DIR --data a.jsonl --data b.jsonl --pooled --unseen
 
 Prints one block per (judge, data set): accuracy with its Wilson 95% interval, per-label recall and the
 confusion matrix (rows: the true label, columns: the judge's), and with --json one document with all of them.
@@ -81,6 +81,9 @@ def main() -> None:
                         help="roles: prefix each response with the rule judge's clause roles")
     parser.add_argument("--errors", action="store_true")
     parser.add_argument("--pooled", action="store_true", help="also score each judge on all the sets together")
+    parser.add_argument("--unseen", action="store_true",
+                        help="also score the rows whose prompt (case-folded) is in none of the encoder judge's "
+                             "`shipped` training rows")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     judges = [(spec, make_judge(spec)) for spec in (args.judge or ["rule"])]
@@ -97,12 +100,18 @@ def main() -> None:
     sets = [(path.name, read_labelled(path)) for path in datasets]
     if args.pooled and len(sets) > 1:
         sets.append(("pooled(" + " + ".join(name for name, _ in sets) + ")", [r for _, rows in sets for r in rows]))
+    if args.unseen:
+        from meshlm.safety.encoder_judge import shipped_training_rows
+
+        seen = {str(r.get("prompt", "")).strip().lower() for r in shipped_training_rows()}
+        everything = [r for _, rows in sets[:len(datasets)] for r in rows]
+        sets.append(("unseen prompts", [r for r in everything if r.get("prompt", "").strip().lower() not in seen]))
     for spec, judge in judges:
         for name, rows in sets:
             result = bench(judge, rows)
             report[f"{spec} @ {name}"] = {k: v for k, v in result.items() if k != "errors"}
             if not args.json:
-                print_block(spec, name, result, args.errors and not name.startswith("pooled("))
+                print_block(spec, name, result, args.errors and name.endswith(".jsonl"))
     if args.json:
         print(json.dumps(report, indent=2))
 

@@ -127,32 +127,38 @@ def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
 
     with pytest.raises(DataError, match="no judge.json"):
         EncoderJudge.load(tiny_encoder)
-    # saving refuses the encoder it started from, a file and a non-empty folder that is no judge
-    for out, match in ((tiny_encoder, "the encoder the judge starts from"), (tmp_path / "f", "is a file"),
-                       (tmp_path / "other", "holds no encoder judge")):
-        if out.name == "f":
-            out.write_text("x")
-        elif out.name == "other":
-            out.mkdir()
-            (out / "notes.txt").write_text("mine")
-        with pytest.raises(DataError, match=match):
+    # saving refuses a non-empty folder that is no judge (the encoder it started from is one), a file, and the
+    # encoder a judge starts from even when that is itself a judge
+    from meshlm.errors import CheckpointError
+    from meshlm.safety.encoder_judge import check_out_folder
+
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    for out, error, match in ((tiny_encoder, DataError, "holds no encoder judge"),
+                              (tmp_path / "other", DataError, "holds no encoder judge"),
+                              (tmp_path / "f", CheckpointError, "is not a folder")):
+        with pytest.raises(error, match=match):
             judge.save(out)
+    with pytest.raises(CheckpointError, match="would replace the input"):
+        check_out_folder(folder, folder)
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine" and not (tiny_encoder / "judge.json").exists()
-    # an interrupted save leaves a folder that does not load as a judge (the old one's judge.json goes first)
+    # an interrupted save leaves the old judge whole
     import safetensors.torch
 
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
+    before = loaded.probabilities(prompts, responses)
     real = safetensors.torch.save_file
     safetensors.torch.save_file = fail
     try:
         with pytest.raises(OSError, match="disk full"):
-            judge.save(folder)
+            untrained.save(folder)
     finally:
         safetensors.torch.save_file = real
-    with pytest.raises(DataError, match="no judge.json"):
-        EncoderJudge.load(folder)
+    assert torch.equal(EncoderJudge.load(folder).probabilities(prompts, responses), before)
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["f", "judge", "other"]  # no temp folder left
     judge.save(folder)  # and a save over it succeeds again
     (folder / "judge.json").write_text("{not json")
     with pytest.raises(DataError, match="judge.json: not valid JSON"):

@@ -127,8 +127,7 @@ def _labelled_rows(sources: list[str]) -> list[dict]:
 
 
 def _train_encoder_judge(args: argparse.Namespace) -> int:
-    from meshlm.safety.encoder_judge import (EncoderJudge, EncoderJudgeConfig, check_out_folder, log_stderr,
-                                             resolve_encoder)
+    from meshlm.safety.encoder_judge import EncoderJudge, EncoderJudgeConfig, check_out_folder, resolve_encoder
 
     _refuse_flags(args, ("steps", "trunk", "spec"), "belong to the tiny classifier; the encoder judge takes "
                                                     "--epochs and --seed")
@@ -141,7 +140,7 @@ def _train_encoder_judge(args: argparse.Namespace) -> int:
     print(f"fine-tuning encoder {args.encoder} as a judge on {len(rows)} rows ({args.epochs} epochs)",
           file=sys.stderr)
     judge = EncoderJudge.train(rows, encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed or 0),
-                               log=log_stderr)
+                               log=lambda message: print(message, file=sys.stderr, flush=True))
     return _report_saved(args, "encoder-judge", judge.save(args.out), judge.meta["training"])
 
 

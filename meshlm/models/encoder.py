@@ -11,7 +11,7 @@ model), so no ``transformers`` import is needed at run time.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -21,6 +21,12 @@ from torch import nn
 from meshlm.errors import DataError
 
 _FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# our module names → BertModel's, outside the layers and inside each encoder.layer.<i>
+_HF_TOP = {"word": "embeddings.word_embeddings", "position": "embeddings.position_embeddings",
+           "token_type": "embeddings.token_type_embeddings", "embed_norm": "embeddings.LayerNorm"}
+_HF_LAYER = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+             "attn_out": "attention.output.dense", "attn_norm": "attention.output.LayerNorm",
+             "up": "intermediate.dense", "down": "output.dense", "ffn_norm": "output.LayerNorm"}
 
 
 @dataclass
@@ -53,11 +59,12 @@ class EncoderConfig:
             raise DataError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (gelu, gelu_new, relu)")
         if "vocab_size" not in cfg:
             raise DataError(f"{where}: 'vocab_size' is missing")
-        kwargs: dict = {"dropout": cfg.get("hidden_dropout_prob", 0.1),
-                        "attention_dropout": cfg.get("attention_probs_dropout_prob", 0.1)}
+        source = {**cfg, "dropout": cfg.get("hidden_dropout_prob"),
+                  "attention_dropout": cfg.get("attention_probs_dropout_prob")}  # BERT's names for the two rates
+        kwargs: dict = {}
         for f in fields(cls):
-            value = cfg.get(f.name) if f.name in cfg else kwargs.get(f.name)
-            if value is None:
+            value = source.get(f.name)
+            if value is None:  # absent: the field's default
                 continue
             want = {"int": int, "float": (int, float), "str": str}[str(f.type)]
             if isinstance(value, bool) or not isinstance(value, want):
@@ -124,22 +131,14 @@ class TextEncoder(nn.Module):
         return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
 
     # ---- Hugging Face folders ---------------------------------------------------------------------------
-    _HF_LAYER = {"attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
-                 "attention.output.dense": "attn_out", "attention.output.LayerNorm": "attn_norm",
-                 "intermediate.dense": "up", "output.dense": "down", "output.LayerNorm": "ffn_norm"}
-    _HF_TOP = {"embeddings.word_embeddings": "word", "embeddings.position_embeddings": "position",
-               "embeddings.token_type_embeddings": "token_type", "embeddings.LayerNorm": "embed_norm"}
-
-    @classmethod
-    def hf_name(cls, ours: str) -> str:
+    @staticmethod
+    def hf_name(ours: str) -> str:
         """Our parameter name → the BertModel name it is stored under in a HF folder."""
-        top = {v: k for k, v in cls._HF_TOP.items()}
-        layer = {v: k for k, v in cls._HF_LAYER.items()}
         head, _, leaf = ours.rpartition(".")
-        if head in top:
-            return f"{top[head]}.{leaf}"
-        _, index, module = head.split(".")
-        return f"encoder.layer.{index}.{layer[module]}.{leaf}"
+        if head in _HF_TOP:
+            return f"{_HF_TOP[head]}.{leaf}"
+        _, index, module = head.split(".")  # layers.<i>.<module>
+        return f"encoder.layer.{index}.{_HF_LAYER[module]}.{leaf}"
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> tuple["TextEncoder", "EncoderTokenizer"]:
@@ -186,8 +185,6 @@ class TextEncoder(nn.Module):
         return {self.hf_name(k): v.detach().contiguous() for k, v in self.state_dict().items()}
 
     def hf_config(self) -> dict:
-        from dataclasses import asdict
-
         cfg = asdict(self.cfg)
         hidden, attention = cfg.pop("dropout"), cfg.pop("attention_dropout")
         return {"model_type": "bert", "architectures": ["BertModel"], "position_embedding_type": "absolute",

@@ -7,12 +7,13 @@ response *does* — declines, gives general information, refers to a professiona
 
 Input: ``[CLS] prompt [SEP] response [SEP]`` (token types 0 / 1, the longer side truncated first to ``max_len``
 tokens), hidden states mean-pooled over real tokens, a (hidden → 3) head over refuse / warn / answer. Training
-fine-tunes every weight with AdamW (linear warm-up then decay; the head at a higher rate), cross-entropy, fixed
-seed and shuffling.
+fine-tunes every weight with AdamW (the rate multiplied by a linear warm-up and by a linear decay to 0 over the
+run; the head at a higher rate), cross-entropy, fixed seed and shuffling.
 
 Saved as a folder that is itself an encoder folder (``config.json``, ``model.safetensors`` under BertModel's
 names plus ``judge_head.weight`` / ``judge_head.bias``, ``tokenizer.json``) with ``judge.json`` (labels, shape,
-training figures, the encoder it started from) written last. Use it as ``--judge encoder:DIR``.
+training figures, the encoder it started from), written whole beside it and swapped in. Use it as
+``--judge encoder:DIR``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import sys
-import tempfile
 import time
 import zipfile
 from dataclasses import asdict, dataclass
@@ -103,23 +101,14 @@ def resolve_encoder(spec: str | Path) -> Path:
     archive = Path(list(found.submodule_search_locations)[0]) / "model.zip"
     if not archive.is_file():
         raise UserError(f"--encoder {MINILM}: {archive} is missing; reinstall {MINILM_PIP}")
-    cache = Path(os.environ.get("MESHLM_CACHE", Path.home() / ".cache" / "meshlm")) / "encoders"
-    target = cache / "all-MiniLM-L6-v2"
+    target = Path(os.environ.get("MESHLM_CACHE", Path.home() / ".cache" / "meshlm")) / "encoders" / "all-MiniLM-L6-v2"
     if not (target / "model.safetensors").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".unpack."))
-        try:
-            with zipfile.ZipFile(archive) as zf:
-                zf.extractall(tmp)
-            shutil.rmtree(target, ignore_errors=True)
-            os.chmod(tmp, _umask_mode(0o777))  # mkdtemp's folder is private; the cache is not
-            os.replace(tmp, target)  # whole folder or nothing
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        from meshlm.interop.hf_files import atomic_folder
+
+        with atomic_folder(target) as tmp, zipfile.ZipFile(archive) as zf:  # whole folder or nothing
+            zf.extractall(tmp)
+            os.chmod(tmp, _umask_mode(0o777))  # the temp folder is private; the cache is not
     return target
-
-
-_JUDGE_FILES = ("judge.json", "config.json", "model.safetensors", "tokenizer.json")
 
 
 def _umask_mode(mode: int) -> int:
@@ -129,18 +118,14 @@ def _umask_mode(mode: int) -> int:
 
 
 def check_out_folder(folder: Path, source: Path | None) -> None:
-    """Where a judge may be saved: not a file, not the encoder it starts from, and an absent or empty folder or
-    one holding only a judge's files (a judge, or one whose save was interrupted)."""
-    if folder.exists() and not folder.is_dir():
-        raise DataError(f"--out {folder} is a file; give a folder for the judge")
-    if source is not None and folder.resolve() == Path(source).resolve():
-        raise DataError(f"--out {folder} is the encoder the judge starts from; give another folder "
-                        "(saving there would replace the pretrained weights)")
-    foreign = sorted(p.name for p in folder.iterdir() if p.name not in _JUDGE_FILES and not p.name.startswith(".")) \
-        if folder.is_dir() else []
-    if foreign:
-        raise DataError(f"--out {folder} is not empty and holds no encoder judge (it has {', '.join(foreign[:3])}); "
-                        "give a new or empty folder")
+    """Where a judge may be saved (it replaces the folder whole): an absent or empty folder, or one that holds an
+    encoder judge — not a file, and neither the encoder it starts from nor a folder containing it."""
+    from meshlm.interop.hf_files import check_output
+
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / "judge.json").is_file():
+        raise DataError(f"--out {folder} is not empty and holds no encoder judge; give a new or empty folder "
+                        "(saving replaces the whole folder)")
+    check_output(folder, overwrite=True, sources=[source] if source is not None else [])
 
 
 class EncoderJudge:
@@ -230,34 +215,28 @@ class EncoderJudge:
 
     # ---- folders ---------------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
-        """Write into ``folder`` (created), judge.json last: a folder without it is not a judge."""
+        """Write the judge into a temp folder beside ``folder`` and swap it in whole: an interrupted save leaves
+        the old folder (or none), never a mix."""
         from safetensors.torch import save_file
 
-        from meshlm.fileio import atomic_write_text
+        from meshlm.interop.hf_files import atomic_folder
 
         folder = Path(folder)
         source = self.meta.get("encoder", {}).get("folder")
         check_out_folder(folder, Path(source) if source else None)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "judge.json").unlink(missing_ok=True)  # a half-rewritten folder must not load as the old judge
         state = self.encoder.hf_state_dict()
         state.update({"judge_head.weight": self.head.weight.detach().contiguous(),
                       "judge_head.bias": self.head.bias.detach().contiguous()})
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file(state, tmp)
-            os.replace(tmp, folder / "model.safetensors")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        atomic_write_text(folder / "config.json", json.dumps(self.encoder.hf_config(), indent=2) + "\n")
-        atomic_write_text(folder / "tokenizer.json", Path(self.tokenizer.path).read_text(encoding="utf-8"))
+        tokenizer = Path(self.tokenizer.path).read_text(encoding="utf-8")
         meta = {"format": FORMAT_VERSION, "kind": "encoder-judge", "labels": list(LABELS), **self.meta}
-        atomic_write_text(folder / "judge.json", json.dumps(meta, indent=2) + "\n")
-        mode = _umask_mode(0o666)  # temp files are private while written; the judge is an ordinary folder
-        for name in _JUDGE_FILES:
-            os.chmod(folder / name, mode)
+        with atomic_folder(folder) as tmp:
+            save_file(state, str(tmp / "model.safetensors"))
+            (tmp / "config.json").write_text(json.dumps(self.encoder.hf_config(), indent=2) + "\n", encoding="utf-8")
+            (tmp / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
+            (tmp / "judge.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            for file in tmp.iterdir():  # safetensors writes 0600 and the temp folder is private; a judge is an
+                os.chmod(file, _umask_mode(0o666))  # ordinary folder
+            os.chmod(tmp, _umask_mode(0o777))
         return folder
 
     @classmethod
@@ -298,7 +277,3 @@ class EncoderJudge:
                             f"{tuple(head.weight.shape)}")
         head.load_state_dict(state)
         return cls(enc, tok, head, meta, str(folder))
-
-
-def log_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
