@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from meshlm.serve.sanitize import PII_TYPES, find_pii, sanitize  # noqa: E402
 
-STRUCTURED = ("EMAIL", "PHONE", "CREDIT_CARD", "IBAN", "IP_ADDRESS", "US_SSN", "API_KEY", "DATE_OF_BIRTH")
+STRUCTURED = ("EMAIL", "PHONE", "CREDIT_CARD", "IBAN", "IP_ADDRESS", "US_SSN", "API_KEY", "DATE_OF_BIRTH",
+              "ACCOUNT_NUMBER", "PASSPORT", "DRIVER_LICENSE", "TAX_ID")
 TARGETS = {t: 0.99 for t in STRUCTURED} | {"PERSON": 0.90, "STREET_ADDRESS": 0.90}
 
 

@@ -13,15 +13,18 @@ from typing import Callable, Iterable, Iterator
 
 from meshlm.serve.recognizers import credit_cards, emails, ibans, ip_addresses, phones, us_ssns
 from meshlm.serve.recognizers_keys import api_keys, dates_of_birth
+from meshlm.serve.recognizers_labelled import labelled_identifiers
 from meshlm.serve.recognizers_people import people, street_addresses
 
 PII_TYPES = ("EMAIL", "PHONE", "CREDIT_CARD", "IBAN", "IP_ADDRESS", "US_SSN", "API_KEY", "PERSON",
-             "STREET_ADDRESS", "DATE_OF_BIRTH")
+             "STREET_ADDRESS", "DATE_OF_BIRTH", "ACCOUNT_NUMBER", "PASSPORT", "DRIVER_LICENSE", "TAX_ID")
 # Higher wins an overlap: validated and prefix-anchored types first, context-guessed ones last.
 _PRIORITY = {"API_KEY": 10, "EMAIL": 9, "CREDIT_CARD": 8, "IBAN": 8, "US_SSN": 7, "DATE_OF_BIRTH": 7,
-             "IP_ADDRESS": 6, "STREET_ADDRESS": 5, "PHONE": 4, "PERSON": 3}
+             "IP_ADDRESS": 6, "STREET_ADDRESS": 5, "PHONE": 4, "PERSON": 3,
+             "ACCOUNT_NUMBER": 7, "PASSPORT": 7, "DRIVER_LICENSE": 7, "TAX_ID": 7}
 RECOGNIZERS: tuple[Callable[[str], Iterable[tuple[int, int, str]]], ...] = (
-    api_keys, emails, credit_cards, ibans, us_ssns, dates_of_birth, ip_addresses, street_addresses, phones, people)
+    api_keys, emails, credit_cards, ibans, us_ssns, dates_of_birth, ip_addresses, street_addresses, phones, people,
+    labelled_identifiers)
 
 
 @dataclass(frozen=True)
