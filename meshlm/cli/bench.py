@@ -18,17 +18,17 @@ def register(sub, add_config_args) -> None:
     t.add_argument("--warmup", type=int, default=2)
     t.add_argument("--compile", action="store_true", help="torch.compile each block")
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
-    t.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    t.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     t.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' LlamaForCausalLM with the same dimensions and report the ratio")
     t.add_argument("--json", action="store_true")
     t.set_defaults(handler=run)
 
 
-def _cuda() -> bool:
+def _default_device() -> str:
     import torch
 
-    return torch.cuda.is_available()
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if min(args.batch, args.seq, args.steps) < 1 or args.warmup < 0:
         raise ConfigError("--batch, --seq and --steps must be at least 1, --warmup at least 0")
     r = bench_train(args.flavor, args.batch, args.seq, args.steps, warmup=args.warmup, compile=args.compile,
-                    precision=args.precision, device=args.device, compare_hf=args.compare_hf)
+                    precision=args.precision, device=args.device or _default_device(), compare_hf=args.compare_hf)
     if args.json:
         emit(r)
         return 0

@@ -10,6 +10,7 @@ import os
 import sys
 
 from meshlm.cli.jsonout import json_stdout
+from meshlm.distributed.worker_env import in_worker, rank_prefix
 from meshlm.errors import UserError
 
 
@@ -51,8 +52,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = args.handler
-    from meshlm.distributed.launch import in_worker
-
     if in_worker():  # unexpected exceptions go to torchelastic's error file, so the launcher can report them
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -61,8 +60,6 @@ def main(argv: list[str] | None = None) -> None:
         with json_stdout(bool(getattr(args, "json", False))):  # --json: logs to stderr, the document to stdout
             code = handler(args) or 0
     except UserError as exc:
-        from meshlm.distributed.launch import rank_prefix
-
         print(f"{rank_prefix()}meshlm {args.command}: error: {exc}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:

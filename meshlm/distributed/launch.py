@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from meshlm.distributed.worker_env import in_worker
 from meshlm.errors import ConfigError, UserError
 
 
@@ -23,11 +24,6 @@ class LaunchError(UserError):
     """A rank failed; the message says which one and why."""
 
     exit_code = 1
-
-
-def in_worker() -> bool:
-    """True inside a torchrun/elastic worker (torchrun sets these for every rank)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
 def process_group_backend(device: str, cuda_available: bool) -> str:
@@ -73,10 +69,6 @@ def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
     base = dist.TCPStore(host, port, world, is_master=not agent_hosts_store and rank == 0, timeout=timeout,
                          multi_tenant=not agent_hosts_store)
     return dist.PrefixStore(f"meshlm/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
-
-
-def rank_prefix() -> str:
-    return f"[rank {os.environ['RANK']}] " if in_worker() and "RANK" in os.environ else ""
 
 
 def launch_local(nproc: int, max_restarts: int, worker_args: list[str], timeout_s: int) -> None:

@@ -1,31 +1,26 @@
-"""The model: config, named flavours, the Llama-family decoder and its construction."""
+"""The model: config, named flavours, the Llama-family decoder and its construction.
+
+The config and the flavours are plain dataclasses; the decoder needs torch. The config layer (and through it the
+CLI's argument parsing) imports ``meshlm.models.config``, which runs this file first, so the torch-backed names
+are imported on first use (PEP 562) rather than here: ``meshlm --help`` then never loads torch.
+"""
 
 from __future__ import annotations
 
-import torch
+import importlib
+from typing import Any
 
 from meshlm.models.config import ModelConfig
 from meshlm.models.flavors import FLAVORS, flavor_config
-from meshlm.models.llama import KVCache, ParamInit, Transformer
+
+_LAZY = {"KVCache": "meshlm.models.llama", "ParamInit": "meshlm.models.llama", "Transformer": "meshlm.models.llama",
+         "build_model": "meshlm.models.build", "meta_model": "meshlm.models.build"}
 
 
-def meta_model(cfg: ModelConfig) -> Transformer:
-    """The model on the meta device: shapes only, no memory. The engine splits and shards it, then materialises
-    only this rank's shards (meshlm/distributed/init.py)."""
-    with torch.device("meta"):
-        return Transformer(cfg)
-
-
-def build_model(cfg: ModelConfig, device: torch.device | str, *, seed: int | None = None) -> Transformer:
-    """The whole model on one device, initialised from ``seed`` by the same per-parameter rule as every parallel
-    layout (so a single-device run is their reference). ``seed=None`` draws a seed from torch's global RNG."""
-    from meshlm.distributed.init import materialize
-
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item())
-    model = meta_model(cfg)
-    materialize(model, device, seed)
-    return model
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'meshlm.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
 
 
 __all__ = ["FLAVORS", "KVCache", "ModelConfig", "ParamInit", "Transformer", "build_model", "flavor_config",
