@@ -1,0 +1,156 @@
+"""GGUF files (llama.cpp, ollama, LM Studio) in: ``convert_from_gguf`` writes a meshlm run directory.
+
+The file is memory-mapped by the ``gguf`` package's reader; the model config comes from its metadata
+(``{arch}.block_count``, ``embedding_length``, ...), and each tensor is dequantised to fp32 (every type
+``gguf.quants.dequantize`` handles: F32, F16, BF16, Q4_0 ... Q8_0, the K-quants, the IQ types) only when DCP
+writes it, through the same streaming planner ``convert from-hf`` uses — so converting holds one tensor at a
+time, never the model. Q/K rows of ``llama`` files are put back into meshlm's rotate-half order
+(:mod:`meshlm.interop.gguf_names`); the tokenizer is rebuilt from ``tokenizer.ggml.*``
+(:mod:`meshlm.interop.gguf_tokenizer`). Export is :mod:`meshlm.interop.gguf_export`. See docs/interop.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshlm.errors import CheckpointError, ConfigError
+from meshlm.interop.gguf_file import GGUFFile
+from meshlm.interop.gguf_names import (
+    ARCHITECTURES,
+    PERMUTED_ARCHITECTURES,
+    gguf_name,
+    heads_of,
+)
+from meshlm.interop.hf import _save_run_dir, _StreamingPlanner, expected_shapes
+from meshlm.interop.hf_files import atomic_folder, check_output, write_json
+from meshlm.models.config import ModelConfig
+
+ROPE_FREQS = "rope_freqs.weight"
+
+
+@functools.cache
+def _dequantisable(qtype) -> bool:
+    """Whether the gguf package can dequantise this tensor type (tried on one zero block)."""
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    if qtype.name in ("F32", "F16"):
+        return True
+    if qtype.name.startswith(("I", "F64")) and not qtype.name.startswith("IQ"):
+        return False  # integer (and f64) tensors hold no weights
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8), qtype)
+    except (NotImplementedError, KeyError, ValueError):
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------- config
+def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]:
+    """(the ModelConfig, the GGUF architecture, notes for the user) from the file's metadata."""
+    meta, source = gguf.meta, gguf.path
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"{source}: architecture {arch!r} (general.architecture) is not supported; meshlm "
+                              f"converts {', '.join(ARCHITECTURES)}")
+
+    def req(key: str) -> int:
+        value = meta.get(f"{arch}.{key}")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise CheckpointError(f"{source}: metadata '{arch}.{key}' is missing or not a positive integer; the "
+                                  "file is damaged or was not written for llama.cpp")
+        return value
+
+    dim, n_heads = req("embedding_length"), req("attention.head_count")
+    head_dim = meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count") or dim // n_heads
+    rotary = meta.get(f"{arch}.rope.dimension_count", head_dim)
+    if rotary != head_dim or meta.get(f"{arch}.attention.value_length", head_dim) != head_dim:
+        raise CheckpointError(f"{source}: rope.dimension_count {rotary} / value_length differ from the head size "
+                              f"{head_dim}; meshlm rotates whole heads of equal q/k/v size")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None) or ROPE_FREQS in gguf.tensors:
+        raise CheckpointError(f"{source}: RoPE scaling ({scaling if scaling not in ('none', None) else ROPE_FREQS}) "
+                              "is not supported for GGUF import; convert the model's Hugging Face folder with "
+                              "`meshlm convert from-hf` instead")
+    if "token_embd.weight" not in gguf.tensors:
+        raise CheckpointError(f"{source}: no tensor 'token_embd.weight'; the file holds no language model")
+    vocab = gguf.shape("token_embd.weight")[0]
+    cfg = ModelConfig(
+        flavor="debug",  # only the loader's base: every field below is explicit
+        dim=dim, n_layers=req("block_count"), n_heads=n_heads,
+        n_kv_heads=meta.get(f"{arch}.attention.head_count_kv") or n_heads,
+        head_dim=head_dim if head_dim != dim // n_heads else 0,
+        ffn_hidden_dim=req("feed_forward_length"), vocab_size=vocab,
+        max_seq_len=req("context_length"),
+        norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3",
+        tie_embeddings="output.weight" not in gguf.tensors,
+    )
+    try:
+        cfg.validate()
+    except ConfigError as exc:
+        raise CheckpointError(f"{source}: the model shape is not valid for meshlm ({exc})") from None
+    notes = [f"dequantised {t} tensors to fp32" for t in sorted({gguf.type_name(n) for n in gguf.tensors}
+                                                                 - {"F32"})]
+    return cfg, arch, notes
+
+
+def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str]:
+    """meshlm name -> GGUF name for every expected tensor, each present with the right shape and a type the gguf
+    package dequantises; nothing unknown. Marks the q/k weights of a ``llama`` file to be un-permuted."""
+    names = {}
+    for name, shape in expected_shapes(cfg).items():
+        gname = gguf_name(name)
+        if gname not in gguf.tensors:
+            raise CheckpointError(f"{gguf.path}: tensor '{gname}' is missing; the file does not hold a complete "
+                                  f"{arch} model")
+        if gguf.shape(gname) != shape:
+            raise CheckpointError(f"{gguf.path}: tensor '{gname}' has shape {list(gguf.shape(gname))}, the metadata "
+                                  f"implies {list(shape)}; the file is damaged")
+        if not _dequantisable(gguf.qtype(gname)):
+            raise CheckpointError(f"{gguf.path}: tensor '{gname}' has type {gguf.type_name(gname)}, which the gguf "
+                                  "package cannot dequantise; re-quantise the model to a common type (e.g. Q8_0)")
+        heads = heads_of(name, cfg.n_heads, cfg.n_kv_heads)
+        if heads and arch in PERMUTED_ARCHITECTURES:
+            gguf.unpermute(gname, heads)
+        names[name] = gname
+    unknown = sorted(set(gguf.tensors) - set(names.values()))
+    if unknown:
+        raise CheckpointError(f"{gguf.path}: tensor '{unknown[0]}' (and {len(unknown) - 1} more) has no meshlm "
+                              f"counterpart; this variant of {arch} is not supported")
+    return names
+
+
+# ------------------------------------------------------------------------------------------------- import
+def convert_from_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """Write the model in GGUF file ``path`` as a meshlm run directory ``out`` (config.resolved.toml +
+    checkpoints/step-00000000/ with the tokenizer and chat template), as ``convert_from_hf`` does."""
+    from meshlm.interop.gguf_tokenizer import tokenizer_from_gguf
+
+    path, out = Path(path), Path(out)
+    gguf = GGUFFile(path)
+    cfg, arch, notes = model_config_from_gguf(gguf)
+    names = _check_tensors(gguf, cfg, arch)
+    tokenizer, meta, tok_config = tokenizer_from_gguf(gguf.meta, path, cfg.vocab_size, cfg.max_seq_len)
+    check_output(out, overwrite, [path])
+    source = {"format": "gguf", "architecture": arch, "path": str(path.resolve()),
+              "name": gguf.meta.get("general.name")}
+    meta["converted_from"] = source
+    with atomic_folder(out) as tmp, tempfile.TemporaryDirectory() as staging:
+        staged = Path(staging)
+        tokenizer.save(str(staged / "tokenizer.json"))
+        write_json(staged / "tokenizer_meta.json", meta)
+        write_json(staged / "tokenizer_config.json", tok_config)
+        extra = {n: staged / n for n in ("tokenizer.json", "tokenizer_meta.json", "tokenizer_config.json")}
+        if "chat_template" in tok_config:  # where transformers 5 keeps it; read_hf_chat_template looks here first
+            (staged / "chat_template.jinja").write_text(tok_config["chat_template"], encoding="utf-8")
+            extra["chat_template.jinja"] = staged / "chat_template.jinja"
+        ckpt = _save_run_dir(tmp, cfg, _StreamingPlanner(gguf, names), source, extra)
+    return {"out": str(out), "checkpoint": str(out / ckpt.relative_to(tmp)), "architecture": arch,
+            "num_params": cfg.num_params(), "chat_template": "chat_template" in tok_config, "notes": notes}

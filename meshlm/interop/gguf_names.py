@@ -1,0 +1,76 @@
+"""llama.cpp's names and layouts for meshlm's tensors, shared by GGUF import and export.
+
+Names: llama.cpp calls ``layers.3.attention.wq.weight`` ``blk.3.attn_q.weight`` (and so on, one to one).
+
+Q/K row order: llama.cpp's convert script reorders the rows of the q and k projections of ``llama``-architecture
+models (Mistral is written as ``llama`` too) from the rotate-half RoPE layout meshlm and Hugging Face use, where
+a head's first half of rows pairs with its second half, to the interleaved layout its kernels expect, where rows
+2i and 2i+1 pair. ``qwen2`` and ``qwen3`` files keep the rotate-half order (llama.cpp runs them with NeoX-style
+RoPE). transformers' GGUF loader undoes the reordering for ``general.architecture = "llama"`` only, so a file that
+says ``mistral`` is read unpermuted, as transformers reads it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+PERMUTED_ARCHITECTURES = ("llama",)
+
+# meshlm name -> llama.cpp name. Per layer (layers.<i> / blk.<i>), then the rest.
+_LAYER_NAMES = {
+    "attention_norm.weight": "attn_norm.weight",
+    "attention.wq.weight": "attn_q.weight",
+    "attention.wk.weight": "attn_k.weight",
+    "attention.wv.weight": "attn_v.weight",
+    "attention.wq.bias": "attn_q.bias",
+    "attention.wk.bias": "attn_k.bias",
+    "attention.wv.bias": "attn_v.bias",
+    "attention.wo.weight": "attn_output.weight",
+    "attention.q_norm.weight": "attn_q_norm.weight",
+    "attention.k_norm.weight": "attn_k_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+}
+_OTHER_NAMES = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+                "output.weight": "output.weight"}
+_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+def gguf_name(name: str) -> str:
+    """The llama.cpp name of a meshlm state-dict key, e.g. layers.3.feed_forward.w1.weight -> blk.3.ffn_gate.weight."""
+    if name in _OTHER_NAMES:
+        return _OTHER_NAMES[name]
+    match = _LAYER_KEY.match(name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"blk.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    raise KeyError(f"no GGUF name for meshlm tensor '{name}'")
+
+
+def heads_of(name: str, n_heads: int, n_kv_heads: int) -> int | None:
+    """How many heads the rows of meshlm tensor ``name`` hold when llama.cpp reorders them (q: n_heads, k:
+    n_kv_heads), or None for a tensor it keeps as is (biases are never reordered: only Qwen2 has them)."""
+    if name.endswith("attention.wq.weight"):
+        return n_heads
+    if name.endswith("attention.wk.weight"):
+        return n_kv_heads
+    return None
+
+
+def to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Rotate-half rows -> llama.cpp's interleaved rows: within each head, row j of the first half and row j of
+    the second half become rows 2j and 2j+1."""
+    rows, cols = weight.shape
+    half = rows // n_heads // 2
+    return weight.reshape(n_heads, 2, half, cols).transpose(1, 2).reshape(rows, cols)  # (H, half, 2, in)
+
+
+def from_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of :func:`to_interleaved`."""
+    rows, cols = weight.shape
+    half = rows // n_heads // 2
+    return weight.reshape(n_heads, half, 2, cols).transpose(1, 2).reshape(rows, cols)  # (H, 2, half, in)
