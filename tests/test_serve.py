@@ -179,8 +179,14 @@ def test_stop_strings_and_max_tokens(stack):
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": "0.5"}, 400, "temperature"),
     ({"model": "tiny", "messages": "hello"}, 400, "messages"),
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "n"),  # above --max-batch
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, 400, "logprobs"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"a": 1}}, 400, "logit_bias"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}, 400,
+     "presence_penalty"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "best_of": 3}, 400, "best_of"),
 ])
 def test_bad_input_is_an_openai_error(stack, body, status, param):
     kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
@@ -284,6 +290,9 @@ def test_gateway_to_a_second_server(stack):
                                                              temperature=0).choices[0].text
     with pytest.raises(openai.BadRequestError):  # the upstream's own 400 comes back as a 400
         client.completions.create(model="tiny", prompt="word " * 300, max_tokens=4)
+    with pytest.raises(openai.BadRequestError) as err:  # the relay reads one choice, without log-probs
+        chat(client, "Hello there", max_tokens=2, n=2)
+    assert err.value.body["code"] == "unsupported_parameter" and err.value.body["param"] == "n"
     assert stack.admin("POST", "/admin/rollback", {"name": "tiny"}).status_code == 200
     assert _version_of(client, USER) == "tiny:v1"
 

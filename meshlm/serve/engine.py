@@ -6,7 +6,9 @@ the pads, so a row's logits are those it would get alone. A decode step writes s
 
 Joining: waiting requests are prefilled together (left-padded to their longest prompt P, one forward) and merged
 so that their last prompt token sits just before the cursor: the cursor moves to max(cursor, P), shifting
-whichever side is shorter to the right. Leaving: finished or cancelled rows are dropped after each step and the
+whichever side is shorter to the right. A request with ``n`` > 1 is ``n`` rows
+that join together and share one prefill: the prompt is run once and its KV cache rows copied, then each row
+samples with its own generator. Leaving: finished or cancelled rows are dropped after each step and the
 slots every remaining row has as padding are cut from the left. A request joins only when the batch, laid out
 this way, still fits the model's context (slot index < max_seq_len); otherwise it waits (first come, first
 served). The engine runs in its own thread (torch releases the GIL in its kernels); results reach the asyncio side
@@ -25,8 +27,9 @@ import torch
 
 from meshlm.generate.rollout import left_pad
 from meshlm.models.llama import KVCache
-from meshlm.serve.decode import TextStream, sample_rows
-from meshlm.serve.protocol import ApiError, Event, Failed, Finished, Delta, Sampling, overloaded
+from meshlm.serve.decode import (RowLogits, TextStream, TokenMask, choice_seed, pick_tokens, prompt_logprobs,
+                                 token_logprob)
+from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Sampling, TokenLogprob, overloaded
 from meshlm.tokenizer import MeshTokenizer
 
 
@@ -41,29 +44,42 @@ class Sequence:
     text: TextStream
     emit: Callable[[Event], None]
     generator: torch.Generator | None
+    index: int = 0  # the choice of its request
+    group: object | None = None  # shared by the n rows of one request: they are prefilled once
+    logits: RowLogits | None = None  # bias, penalties, a grammar mask; None: sample the model's logits as they are
+    echo: str | None = None  # completions with echo: the prompt's text, sent first
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     done: bool = False
+    unsent: list[TokenLogprob] = field(default_factory=list)  # log-probs of tokens whose text is not out yet
 
-    def accept(self, token: int) -> None:
+    def accept(self, token: int, logprob: TokenLogprob | None = None) -> None:
         """Record a sampled token and send its text; finish on eos, a stop string or the token limit."""
         self.generated.append(token)
+        if self.logits is not None:
+            self.logits.observe(token)
+        if logprob is not None:
+            self.unsent.append(logprob)
         if token in self.eos:
             return self._finish("stop")
         delta = self.text.push(token)
         if delta:
-            self.emit(Delta(delta))
+            self.send(delta)
         if self.text.stopped:
             return self._finish("stop")
         if len(self.generated) >= self.max_new:
             self._finish("length")
 
+    def send(self, text: str) -> None:
+        logprobs, self.unsent = tuple(self.unsent), []
+        self.emit(Delta(text, self.index, logprobs))
+
     def _finish(self, reason: str) -> None:
         rest = self.text.flush()
-        if rest:
-            self.emit(Delta(rest))
+        if rest or self.unsent:
+            self.send(rest)
         self.done = True
-        self.emit(Finished(reason, len(self.prompt), len(self.generated)))
+        self.emit(Finished(reason, len(self.prompt), len(self.generated), self.index))
 
 
 class BatchEngine:
@@ -77,7 +93,7 @@ class BatchEngine:
         self.context = model.cfg.max_seq_len
         self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else tokenizer.eos_id
         self._cond = threading.Condition()
-        self._pending: deque[Sequence] = deque()
+        self._pending: deque[list[Sequence]] = deque()  # requests: the rows of one request join together
         self._rows: list[Sequence] = []
         self._closing = False
         # The batch (engine thread only): per-layer KV caches (B, Hkv, W, Dh), real-token mask (B, W), the next
@@ -86,30 +102,50 @@ class BatchEngine:
         self._cursor = 0
         self._dense = True  # every row real from slot 0 (no padding mask needed)
         self._mask = self._pos = self._last = torch.empty(0)
-        self._stats = {"requests": 0, "decode_steps": 0, "tokens": 0, "batch_rows": 0, "prefills": 0}
+        self._stats = {"requests": 0, "decode_steps": 0, "tokens": 0, "batch_rows": 0, "prefills": 0,
+                       "prefill_rows": 0}
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     # --- the asyncio side --------------------------------------------------------------------------------------
     def submit(self, prompt: list[int], max_new: int, sampling: Sampling, eos: frozenset[int],
                emit: Callable[[Event], None]) -> Sequence:
+        """One choice (``sampling.n`` is 1)."""
+        assert sampling.n == 1
+        return self.submit_choices(prompt, max_new, sampling, eos, emit)[0]
+
+    def submit_choices(self, prompt: list[int], max_new: int, sampling: Sampling, eos: frozenset[int],
+                       emit: Callable[[Event], None], *, echo: str | None = None,
+                       masks: list[TokenMask] | None = None) -> list[Sequence]:
+        """``sampling.n`` rows of one prompt, each with its own generator (choice_seed) and ``masks[i]``."""
         assert prompt and max_new >= 1 and len(prompt) + max_new <= self.context, "checked by the caller"
-        seed = sampling.seed
-        generator = None
-        if sampling.temperature > 0:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(seed if seed is not None else int.from_bytes(_random_bytes(), "little"))
-        seq = Sequence(prompt, max_new, sampling, eos, TextStream(self.tokenizer, sampling.stop), emit, generator)
+        if sampling.n > self.max_batch:
+            raise ApiError(400, f"n {sampling.n} is above this server's --max-batch of {self.max_batch}",
+                           param="n", code="n_above_max_batch")
+        group = object()
+        rows = [Sequence(prompt, max_new, sampling, eos, TextStream(self.tokenizer, sampling.stop), emit,
+                         self._generator(sampling, i), index=i, group=group, echo=echo,
+                         logits=RowLogits.for_request(sampling, self.model.cfg.vocab_size, self.device,
+                                                      masks[i] if masks else None))
+                for i in range(sampling.n)]
         with self._cond:
             if self._closing:
                 raise ApiError(503, "this model version is shutting down; retry", type="server_error",
                                code="unavailable", retry_after=1)
             if len(self._pending) >= self.max_queue:
                 raise overloaded("the request queue")
-            self._pending.append(seq)
+            self._pending.append(rows)
             self._stats["requests"] += 1
             self._cond.notify()
-        return seq
+        return rows
+
+    def _generator(self, sampling: Sampling, index: int) -> torch.Generator | None:
+        if sampling.temperature <= 0:
+            return None
+        seed = choice_seed(sampling.seed, index)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else int.from_bytes(_random_bytes(), "little"))
+        return generator
 
     def cancel(self, seq: Sequence) -> None:
         seq.cancelled = True  # the engine drops it before its next step (a plain flag: read under the GIL)
@@ -143,7 +179,7 @@ class BatchEngine:
                         self._cond.wait()
                     if self._closing and not (self._pending or self._rows):
                         return
-                    self._pending = deque(s for s in self._pending if not s.cancelled)
+                    self._pending = deque(r for r in self._pending if not all(s.cancelled for s in r))
                     joining = self._admissible()
                 try:
                     if joining:
@@ -158,27 +194,48 @@ class BatchEngine:
         joining: list[Sequence] = []
         width = self._cursor if self._rows else 0
         need = max((s.max_new - len(s.generated) for s in self._rows), default=0)
-        while self._pending and len(self._rows) + len(joining) < self.max_batch:
-            seq = self._pending[0]
+        while self._pending and len(self._rows) + len(joining) + len(self._pending[0]) <= self.max_batch:
+            seq = self._pending[0][0]
             new_width = max(width, len(seq.prompt))
             new_need = max(need, seq.max_new - 1)
             if new_width + new_need > self.context:
                 break
-            joining.append(self._pending.popleft())
+            joining += self._pending.popleft()
             width, need = new_width, new_need
         return joining
 
     def _join(self, joining: list[Sequence]) -> None:
-        """Prefill ``joining`` together, sample their first tokens and merge them into the batch."""
+        """Prefill ``joining`` together (one row per request), copy the rows of requests with n > 1, sample their
+        first tokens and merge them into the batch."""
         net = self.model
-        ids, real = left_pad([s.prompt for s in joining], self.pad_id, self.device)  # (G, P) each
-        G, P = ids.shape
-        positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (G, P)
-        cache = net.new_cache(G, P, device=self.device)
-        logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (G, P, V)
+        first: dict[int, int] = {}  # request (group) -> its prefill row
+        row_of = [first.setdefault(id(s.group), len(first)) for s in joining]
+        unique = [joining[row_of.index(r)] for r in range(len(first))]
+        ids, real = left_pad([s.prompt for s in unique], self.pad_id, self.device)  # (U, P) each
+        U, P = ids.shape
+        positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (U, P)
+        cache = net.new_cache(U, P, device=self.device)
+        logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P, V)
         self._stats["prefills"] += 1
+        self._stats["prefill_rows"] += U
+        if U < len(joining):  # n > 1: copy each request's KV rows to its other choices
+            index = torch.tensor(row_of, device=self.device)
+            cache = [_kv(c.k[index], c.v[index]) for c in cache]
+            real = real[index]
+        self._echo(joining, [logits[r] for r in row_of])
         self._merge(joining, cache, real)
-        self._accept(joining, logits[:, -1], range(len(self._rows) - G, len(self._rows)))
+        self._accept(joining, logits[row_of, -1], range(len(self._rows) - len(joining), len(self._rows)))
+
+    def _echo(self, joining: list[Sequence], logits: list[torch.Tensor]) -> None:
+        """Send the prompt first (completions with echo), with its tokens' log-probs when asked for."""
+        for seq, row in zip(joining, logits):
+            if seq.echo is None:
+                continue
+            k = seq.sampling.logprobs
+            if k is not None:
+                infos = [(None, [])] + prompt_logprobs(row[-len(seq.prompt):], seq.prompt, k)
+                seq.unsent = [token_logprob(self.tokenizer, t, info) for t, info in zip(seq.prompt, infos)]
+            seq.send(seq.echo)
 
     def _merge(self, joining: list[Sequence], cache: list[KVCache], real: torch.Tensor) -> None:
         G, P = real.shape
@@ -225,10 +282,11 @@ class BatchEngine:
         self._accept(self._rows, logits[:, -1], range(len(self._rows)))
 
     def _accept(self, rows: list[Sequence], logits: torch.Tensor, slots: range) -> None:
-        tokens = sample_rows(logits, [s.sampling.temperature for s in rows], [s.sampling.top_p for s in rows],
-                             [s.generator for s in rows], self.tokenizer.vocab_size)
-        for seq, token, slot in zip(rows, tokens, slots):
-            seq.accept(token)
+        tokens, infos = pick_tokens(logits, [s.sampling.temperature for s in rows], [s.sampling.top_p for s in rows],
+                                    [s.generator for s in rows], [s.logits for s in rows],
+                                    [s.sampling.logprobs for s in rows], self.tokenizer.vocab_size)
+        for seq, token, info, slot in zip(rows, tokens, infos, slots):
+            seq.accept(token, None if info is None else token_logprob(self.tokenizer, token, info))
             self._last[slot] = token
         self._stats["tokens"] += len(rows)
         self._retire()

@@ -57,31 +57,36 @@ class LocalHandle:
         self._engine, self._mailbox = engine, mailbox
         self.inbox: list[Event] = []
         self.ready = asyncio.Event()
-        self.seq: Sequence | None = None
+        self.seqs: list[Sequence] = []
 
     def put(self, event: Event) -> None:  # engine thread
         self._mailbox.post(self, event)
 
     async def events(self) -> AsyncIterator[Event]:
+        """Until every choice has finished (or one failed)."""
+        running = len(self.seqs)
         while True:
             await self.ready.wait()
             self.ready.clear()
             batch, self.inbox = self.inbox, []
             for event in _coalesce(batch):
                 yield event
-                if isinstance(event, (Finished, Failed)):
+                running -= isinstance(event, Finished)
+                if isinstance(event, Failed) or running == 0:
                     return
 
     def cancel(self) -> None:
-        if self.seq is not None:
-            self._engine.cancel(self.seq)
+        for seq in self.seqs:
+            self._engine.cancel(seq)
 
 
 def _coalesce(events: list[Event]) -> list[Event]:
+    """Consecutive deltas of one choice become one."""
     out: list[Event] = []
     for event in events:
-        if isinstance(event, Delta) and out and isinstance(out[-1], Delta):
-            out[-1] = Delta(out[-1].text + event.text)
+        last = out[-1] if out else None
+        if isinstance(event, Delta) and isinstance(last, Delta) and last.index == event.index:
+            out[-1] = Delta(last.text + event.text, event.index, last.logprobs + event.logprobs)
         else:
             out.append(event)
     return out
@@ -132,9 +137,11 @@ class LocalBackend:
         loop = asyncio.get_running_loop()
         if self._mailbox is None or self._mailbox.loop is not loop:
             self._mailbox = Mailbox(loop)
+        self._check_bias(job.sampling)
         handle = LocalHandle(self.engine, self._mailbox)
         eos = self.chat_eos if job.kind == "chat" else self.eos
-        handle.seq = self.engine.submit(prompt, max_new, job.sampling, eos, handle.put)
+        echo = self._echo_text(job, prompt) if job.sampling.echo else None
+        handle.seqs = self.engine.submit_choices(prompt, max_new, job.sampling, eos, handle.put, echo=echo)
         return handle
 
     def status(self) -> dict[str, Any]:
@@ -163,6 +170,16 @@ class LocalBackend:
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         return ids
+
+    def _check_bias(self, sampling) -> None:
+        bad = [t for t, _ in sampling.logit_bias if not 0 <= t < self.tokenizer.vocab_size]
+        if bad:
+            raise ApiError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary [0, "
+                                f"{self.tokenizer.vocab_size})", param="logit_bias")
+
+    def _echo_text(self, job: Job, prompt: list[int]) -> str:
+        """The prompt as the client sent it (text), or its ids decoded."""
+        return job.prompt if isinstance(job.prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=True)
 
     def _max_new(self, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
         if max_tokens is not None and max_tokens > self.max_tokens_cap:

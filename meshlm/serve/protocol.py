@@ -2,8 +2,9 @@
 
 The server turns a validated request into a :class:`Job`; a backend's ``submit`` either refuses it at once with an
 :class:`ApiError` (bad input, overload) or returns a :class:`Handle` whose ``events()`` yield text deltas and
-end with one :class:`Finished` (or a :class:`Failed`). The HTTP layer holds no model logic and the backends know
-nothing about HTTP responses, so the gateway and the local engine share the routing, audit and formatting code.
+end with one :class:`Finished` per choice (or a :class:`Failed`). The HTTP layer holds no model logic and the
+backends know nothing about HTTP responses, so the gateway and the local engine share the routing, audit and
+formatting code.
 """
 
 from __future__ import annotations
@@ -35,13 +36,22 @@ def overloaded(what: str, retry_after: int = 1) -> ApiError:
 @dataclass(frozen=True)
 class Sampling:
     """The sampling fields of a request. ``max_tokens`` None: as many as the context and the server cap allow;
-    temperature 0 is greedy; ``seed`` None draws a fresh one."""
+    temperature 0 is greedy; ``seed`` None draws a fresh one (choice i > 0 of a seeded request uses a seed
+    derived from ``seed`` and i). Penalties follow OpenAI's formula on the tokens generated so far;
+    ``logit_bias`` is (token id, bias) pairs added to the logits. ``logprobs`` None: none returned; k >= 0: the
+    chosen token's log-prob and the k most likely ones. ``echo``: the prompt text starts the answer."""
 
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    echo: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,8 +70,21 @@ class Job:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated (or echoed) token: its text, its UTF-8 bytes, its log-prob under the model (None for a
+    prompt's first token) and the ``top`` most likely alternatives as (text, bytes, log-prob)."""
+
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float | None
+    top: tuple[tuple[str, tuple[int, ...], float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
+    index: int = 0  # the choice (0 .. n-1)
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens whose text this delta completes
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,7 @@ class Finished:
     finish_reason: str  # "stop" (eos or a stop string) or "length"
     prompt_tokens: int
     completion_tokens: int
+    index: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """OpenAI request schemas (the fields this server implements) and their validation into a :class:`Job`.
 
 Types are strict (``"0.5"`` is not a temperature), unknown fields are ignored as the OpenAI API's many optional
-fields are, but a field that would change the answer in a way this server does not implement (``n`` > 1, tools,
-log-probs, penalties, ``echo`` ...) is refused with a 400 rather than silently ignored.
+fields are, but a field that would change the answer in a way this server does not implement (``best_of``,
+``suffix``, ``functions`` ...) is refused with a 400 rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -49,29 +49,52 @@ class _Common(_Strict):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)  # one choice per request
+    n: int = Field(1, ge=1, le=128)  # choices (the server's --max-batch bounds it too)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
 
-    def sampling(self, max_tokens: int | None) -> Sampling:
+    def sampling(self, max_tokens: int | None, logprobs: int | None, echo: bool = False) -> Sampling:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 4:
             raise ApiError(400, "stop: at most 4 stop sequences", param="stop")
-        return Sampling(max_tokens, self.temperature, self.top_p, self.seed, tuple(stop))
+        return Sampling(max_tokens, self.temperature, self.top_p, self.seed, tuple(stop), self.n,
+                        self.presence_penalty, self.frequency_penalty, _logit_bias(self.logit_bias), logprobs, echo)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` with biases in [-100, 100] -> (id, bias) pairs."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.isdigit():
+            raise ApiError(400, "logit_bias: keys are token ids written as strings (\"50256\")", param="logit_bias")
+        if not -100 <= value <= 100:
+            raise ApiError(400, f"logit_bias: the bias of token {key} is outside [-100, 100]", param="logit_bias")
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
 
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def logprob_count(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
+    logprobs: int | None = Field(None, ge=0, le=20)  # completions: the number of top log-probs per token
+    echo: bool = False
 
 
 # Fields whose non-default values this server cannot honour.
-_UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"), "logprobs": (None, False),
-                "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None,),
-                "logit_bias": (None, {}), "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
-                "response_format": (None, {"type": "text"})}
+_UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
+                "best_of": (None, 1), "suffix": (None,), "response_format": (None, {"type": "text"})}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -104,8 +127,8 @@ def to_job(kind: str, body: dict[str, Any], request_id: str, user_hash_of) -> tu
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in req.messages]
-        return Job("chat", request_id, req.sampling(max_tokens), messages=messages, body=body,
-                   user_hash=user_hash), req
+        return Job("chat", request_id, req.sampling(max_tokens, req.logprob_count()), messages=messages,
+                   body=body, user_hash=user_hash), req
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -113,5 +136,5 @@ def to_job(kind: str, body: dict[str, Any], request_id: str, user_hash_of) -> tu
         prompt = prompt[0]
     if isinstance(prompt, list) and not prompt:
         raise ApiError(400, "prompt: empty", param="prompt")
-    return Job("completion", request_id, req.sampling(req.max_tokens), prompt=prompt, body=body,
-               user_hash=user_hash), req
+    return Job("completion", request_id, req.sampling(req.max_tokens, req.logprobs, req.echo), prompt=prompt,
+               body=body, user_hash=user_hash), req

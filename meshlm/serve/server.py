@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from meshlm.serve.admin import AdminApi, error_response
-from meshlm.serve.protocol import ApiError, Delta, Failed, Finished, Handle
+from meshlm.serve.protocol import ApiError, Delta, Failed, Finished, Handle, TokenLogprob
 from meshlm.serve.rollout import Router
 from meshlm.serve.sanitize import sanitize
 from meshlm.serve.schemas import parse_body, to_job
@@ -49,21 +49,40 @@ class Exchange:
     user_hash: str | None = None
     stream: bool = False
     prompt: Any = None
-    text: list[str] = field(default_factory=list)
+    n: int = 1
+    logprobs: int | None = None  # None: the client asked for no log-probs
+    texts: dict[int, list[str]] = field(default_factory=dict)  # choice -> its text pieces
+    tokens: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # choice -> its tokens' log-probs
+    ends: dict[int, Finished] = field(default_factory=dict)  # choice -> how it ended
     ttft: float | None = None
-    finished: Finished | None = None
     status: int = 200
     error: str | None = None
     audited: bool = False
 
+    @property
+    def finished(self) -> bool:
+        return len(self.ends) == self.n
+
+    def text(self, index: int) -> str:
+        return "".join(self.texts.get(index, []))
+
+    def usage(self) -> dict[str, int]:
+        """The prompt counted once, the completions of all choices summed."""
+        prompt = next(iter(self.ends.values())).prompt_tokens if self.ends else 0
+        completion = sum(f.completion_tokens for f in self.ends.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
     def record(self) -> dict[str, Any]:
         fin = self.finished
+        texts = [self.text(i) for i in range(self.n)]
+        reasons = [self.ends[i].finish_reason if i in self.ends else None for i in range(self.n)]
+        usage = self.usage() if fin else {}
         return {"kind": "request", "time": self.started, "request_id": self.request_id, "version": self.version,
                 "user_hash": self.user_hash, "endpoint": self.path, "model": self.model, "stream": self.stream,
-                "prompt": self.prompt, "response": "".join(self.text) if fin or self.text else None,
-                "prompt_tokens": fin.prompt_tokens if fin else None,
-                "completion_tokens": fin.completion_tokens if fin else None,
-                "finish_reason": fin.finish_reason if fin else None,
+                "prompt": self.prompt,
+                "response": (texts[0] if self.n == 1 else texts) if fin or self.texts else None,
+                "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+                "finish_reason": (reasons[0] if self.n == 1 else reasons) if fin else None,
                 "latency_s": round(time.perf_counter() - self.t0, 6),
                 "ttft_s": None if self.ttft is None else round(self.ttft, 6),
                 "status": self.status, "error": self.error}
@@ -134,6 +153,7 @@ class Server:
             job, req = to_job(kind, body, ex.request_id, self.router.user_hash)
             ex.prompt = job.messages if kind == "chat" else job.prompt
             ex.user_hash = job.user_hash
+            ex.n, ex.logprobs = job.sampling.n, job.sampling.logprobs
             backend = self.router.route(req.model, job.user_hash, ex.request_id)
             ex.version = backend.ref
             handle = await backend.submit(job)
@@ -160,9 +180,9 @@ class Server:
             await self._finish(ex)
             raise
         await self._finish(ex)
-        if ex.finished is None:
+        if not ex.finished:
             return error_response(ApiError(ex.status, ex.error or "generation failed", type="server_error"))
-        return JSONResponse(self._body(ex, "".join(ex.text), final=True))
+        return JSONResponse(self._body(ex, final=True))
 
     async def _internal(self, ex: Exchange, exc: Exception) -> Response:
         error = ApiError(500, "internal server error", type="server_error")
@@ -175,9 +195,10 @@ class Server:
         if isinstance(event, Delta):
             if ex.ttft is None:
                 ex.ttft = time.perf_counter() - ex.t0
-            ex.text.append(event.text)
+            ex.texts.setdefault(event.index, []).append(event.text)
+            ex.tokens.setdefault(event.index, []).extend(event.logprobs)
         elif isinstance(event, Finished):
-            ex.finished = event
+            ex.ends[event.index] = event
         elif isinstance(event, Failed):
             ex.fail(event.error)
 
@@ -185,18 +206,19 @@ class Server:
         """Server-sent events: a role chunk (chat), one chunk per delta, a finish chunk, usage, [DONE]."""
         try:
             if ex.kind == "chat":
-                yield _event(self._chunk(ex, {"role": "assistant", "content": ""}))
+                for i in range(ex.n):
+                    yield _event(self._chunk(ex, i, {"role": "assistant", "content": ""}))
             async for event in handle.events():
                 self._note(ex, event)
                 if isinstance(event, Delta):
-                    yield _event(self._chunk(ex, {"content": event.text} if ex.kind == "chat" else event.text))
+                    delta = {"content": event.text} if ex.kind == "chat" else event.text
+                    yield _event(self._chunk(ex, event.index, delta, logprobs=event.logprobs))
                 elif isinstance(event, Finished):
-                    yield _event(self._chunk(ex, {} if ex.kind == "chat" else "", event.finish_reason))
-                    if include_usage:
-                        yield _event({**self._body(ex, None, final=False), "choices": [],
-                                      "usage": _usage(event)})
+                    yield _event(self._chunk(ex, event.index, {} if ex.kind == "chat" else "", event.finish_reason))
                 else:
                     yield _event(event.error.to_json())
+            if include_usage and ex.finished:
+                yield _event({**self._body(ex, final=False), "choices": [], "usage": ex.usage()})
             yield b"data: [DONE]\n\n"
         except Exception as exc:  # a bug: end the stream with an error object, keep the one record
             handle.cancel()
@@ -205,7 +227,7 @@ class Server:
             yield _event(ApiError(500, "internal server error", type="server_error").to_json())
         except BaseException:  # the client went away (cancelled, or the generator closed)
             handle.cancel()
-            if ex.finished is None and ex.error is None:
+            if not ex.finished and ex.error is None:
                 ex.fail(ApiError(499, "the client closed the connection"))
             raise
         finally:
@@ -216,7 +238,7 @@ class Server:
         async def close() -> None:
             if not ex.audited:
                 handle.cancel()
-                if ex.finished is None and ex.error is None:
+                if not ex.finished and ex.error is None:
                     ex.fail(ApiError(499, "the client closed the connection"))
                 await self._finish(ex)
         return close
@@ -231,31 +253,55 @@ class Server:
         except Exception as exc:  # the log is unavailable: say so loudly; the response still reports its status
             self.log(f"{ex.request_id}: AUDIT WRITE FAILED ({type(exc).__name__})")
             raise
-        fin = ex.finished
-        tokens = f"{fin.prompt_tokens}+{fin.completion_tokens} tokens" if fin else "-"
+        usage = ex.usage() if ex.finished else None
+        tokens = f"{usage['prompt_tokens']}+{usage['completion_tokens']} tokens" if usage else "-"
         self.log(f"{ex.request_id} {ex.version or '-'} {ex.status} {tokens} "
                  f"{time.perf_counter() - ex.t0:.3f}s{' stream' if ex.stream else ''}")
 
     # --- response bodies -------------------------------------------------------------------------------------
-    def _body(self, ex: Exchange, text: str | None, final: bool) -> dict[str, Any]:
+    def _body(self, ex: Exchange, final: bool) -> dict[str, Any]:
         chat = ex.kind == "chat"
         body = {"id": ex.request_id, "object": "chat.completion" if chat else "text_completion",
                 "created": int(ex.started), "model": ex.model, "system_fingerprint": ex.version}
         if final:
-            fin = ex.finished
-            choice = {"index": 0, "finish_reason": fin.finish_reason, "logprobs": None}
-            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            body.update(choices=[choice], usage=_usage(fin))
+            choices = []
+            for i in range(ex.n):
+                text = ex.text(i)
+                choice = {"index": i, "finish_reason": ex.ends[i].finish_reason,
+                          "logprobs": self._logprobs(ex, ex.tokens.get(i, []))}
+                choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+                choices.append(choice)
+            body.update(choices=choices, usage=ex.usage())
         elif chat:
             body["object"] = "chat.completion.chunk"
         return body
 
-    def _chunk(self, ex: Exchange, delta: dict | str, finish_reason: str | None = None) -> dict[str, Any]:
-        body = self._body(ex, None, final=False)
-        choice = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    def _chunk(self, ex: Exchange, index: int, delta: dict | str, finish_reason: str | None = None,
+               logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
+        body = self._body(ex, final=False)
+        choice = {"index": index, "finish_reason": finish_reason,
+                  "logprobs": self._logprobs(ex, logprobs) if logprobs else None}
         choice.update({"delta": delta} if ex.kind == "chat" else {"text": delta})
         body["choices"] = [choice]
         return body
+
+    @staticmethod
+    def _logprobs(ex: Exchange, tokens: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> dict[str, Any] | None:
+        """Chat: ``{"content": [{token, logprob, bytes, top_logprobs}]}``; completions: the legacy
+        ``{tokens, token_logprobs, top_logprobs, text_offset}``."""
+        if ex.logprobs is None:
+            return None
+        if ex.kind == "chat":
+            return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes),
+                                 "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(b)} for s, b, lp in t.top]}
+                                for t in tokens], "refusal": None}
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t.token)
+        return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [{s: lp for s, _, lp in t.top} if t.logprob is not None else None for t in tokens],
+                "text_offset": offsets}
 
 
 class AuditedStream(StreamingResponse):
@@ -273,11 +319,6 @@ class AuditedStream(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._on_close()
-
-
-def _usage(fin: Finished) -> dict[str, int]:
-    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-            "total_tokens": fin.prompt_tokens + fin.completion_tokens}
 
 
 def _event(data: dict[str, Any]) -> bytes:
