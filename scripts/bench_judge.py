@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from meshlm.safety.judge import make_judge
-from meshlm.safety.metrics import LABELS, wilson
+from meshlm.safety.judges import make_judge
+from meshlm.safety.metrics import wilson
+from meshlm.safety.taxonomy import LABELS
 
 DATA = Path(__file__).resolve().parents[1] / "meshlm" / "safety" / "data"
 SHIPPED = ("judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl", "judge_holdout3.jsonl",
@@ -88,10 +89,10 @@ def main() -> None:
     args = parser.parse_args()
     judges = [(spec, make_judge(spec)) for spec in (args.judge or ["rule"])]
     if args.train_on:
-        from meshlm.safety.classifier import TrainedJudge
+        from meshlm.safety.judges.trained import TrainedJudge
 
         start = time.perf_counter()
-        trained = TrainedJudge.train(read_labelled(args.train_on), steps=args.train_steps,
+        trained = TrainedJudge.fit(read_labelled(args.train_on), steps=args.train_steps,
                                      features=args.train_features)
         print(f"trained judge on {args.train_on} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         judges.append((f"trained({args.train_on.name}, {args.train_features})", trained))

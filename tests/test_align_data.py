@@ -90,7 +90,7 @@ def test_rows_are_read_by_the_sft_dpo_and_eval_readers(data):
 
 def test_rule_judge_agrees_with_the_synthesised_labels(data):
     """The judge is written apart from the templates; it must classify them as the policy says."""
-    from meshlm.safety.judge import RuleJudge
+    from meshlm.safety.judges.rule import RuleJudge
 
     labelled = random.Random(0).sample(rows(data / "a" / "labelled_responses.jsonl"), 400)
     got = RuleJudge().label([r["prompt"] for r in labelled], [r["response"] for r in labelled])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from meshlm.safety.judge import RuleJudge
+from meshlm.safety.judges.rule import RuleJudge
 from meshlm.safety.onpolicy import on_policy_pairs, write_on_policy_preferences
 
 REFUSAL = ("I can't help with making explosives. Instructions like that could be used to seriously hurt people. "

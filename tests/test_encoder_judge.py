@@ -13,9 +13,10 @@ import torch
 
 from meshlm.errors import DataError, UserError
 from meshlm.models.encoder import TextEncoder
-from meshlm.safety.encoder_judge import (TEST_SETS, EncoderJudge, EncoderJudgeConfig, resolve_encoder,
+from meshlm.safety.encoder_judge import (TEST_SETS, EncoderClassifier, EncoderJudgeConfig, resolve_encoder,
                                          shipped_training_rows)
-from meshlm.safety.judge import make_judge
+from meshlm.safety.judges import make_judge
+from meshlm.safety.judges.encoder import EncoderJudge
 
 WORDS = ("i can't help with that please see a doctor here is how you do it the answer is call your pharmacist "
          "no sorry won't first second then dose daily kill process python list sort bomb make how do i what")
@@ -108,25 +109,30 @@ def test_encoder_folder_errors(tmp_path, tiny_encoder):
 def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
     rows = _rows()
     cfg = EncoderJudgeConfig(epochs=6, batch_size=8, lr=1e-3, head_lr=1e-2, warmup_steps=2, max_len=32)
-    untrained = EncoderJudge.train(rows, tiny_encoder, EncoderJudgeConfig(epochs=1, batch_size=8, lr=0.0,
+    untrained = EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(epochs=1, batch_size=8, lr=0.0,
                                                                           head_lr=0.0, max_len=32))
-    judge = EncoderJudge.train(rows, tiny_encoder, cfg)
+    judge = EncoderClassifier.train(rows, tiny_encoder, cfg)
     stats = judge.meta["training"]
     assert stats["steps"] == 6 * len(rows) // 8 and stats["rows"] == len(rows)
     assert stats["train_accuracy"] >= 0.9 > untrained.meta["training"]["train_accuracy"]
     prompts, responses = [r["prompt"] for r in rows], [r["response"] for r in rows]
 
     folder = judge.save(tmp_path / "judge")
-    loaded = make_judge(f"encoder:{folder}")
-    assert isinstance(loaded, EncoderJudge) and loaded.name == f"encoder:{folder}"
+    plugin = make_judge(f"encoder:{folder}")
+    assert isinstance(plugin, EncoderJudge) and plugin.name == f"encoder:{folder}"
+    loaded = plugin.model
     assert torch.equal(loaded.probabilities(prompts, responses), judge.probabilities(prompts, responses))
-    assert loaded.label(prompts, responses) == judge.label(prompts, responses)
+    assert plugin.label(prompts, responses) == loaded.predict(prompts, responses) == judge.predict(prompts, responses)
     assert loaded.meta["config"]["max_len"] == 32 and loaded.meta["training"] == stats
+    # degenerate text is unclear before the 3-way head: the head alone would call it something
+    degenerate = ["", "🙂🙂🙂🙂🙂", "no no no no no no no", prompts[0]]
+    assert plugin.label([prompts[0]] * 4, degenerate) == ["unclear"] * 4
+    assert set(loaded.predict([prompts[0]] * 4, degenerate)) <= {"refuse", "warn", "answer"}
     # the saved folder is itself an encoder folder: another judge can start from it
     TextEncoder.from_folder(folder)
 
     with pytest.raises(DataError, match="no judge.json"):
-        EncoderJudge.load(tiny_encoder)
+        EncoderClassifier.load(tiny_encoder)
     # saving refuses a non-empty folder that is no judge (the encoder it started from is one), a file, and the
     # encoder a judge starts from even when that is itself a judge
     from meshlm.errors import CheckpointError
@@ -157,19 +163,19 @@ def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
             untrained.save(folder)
     finally:
         safetensors.torch.save_file = real
-    assert torch.equal(EncoderJudge.load(folder).probabilities(prompts, responses), before)
+    assert torch.equal(EncoderClassifier.load(folder).probabilities(prompts, responses), before)
     assert sorted(p.name for p in folder.parent.iterdir()) == ["f", "judge", "other"]  # no temp folder left
     judge.save(folder)  # and a save over it succeeds again
     (folder / "judge.json").write_text("{not json")
     with pytest.raises(DataError, match="judge.json: not valid JSON"):
-        EncoderJudge.load(folder)
+        EncoderClassifier.load(folder)
     (folder / "judge.json").write_text(json.dumps({"kind": "encoder-judge", "labels": ["refuse", "warn", "answer"]}))
     with pytest.raises(DataError, match="config.max_len"):
-        EncoderJudge.load(folder)
+        EncoderClassifier.load(folder)
     with pytest.raises(DataError, match="fewer than one batch"):
-        EncoderJudge.train(rows[:3], tiny_encoder, cfg)
+        EncoderClassifier.train(rows[:3], tiny_encoder, cfg)
     with pytest.raises(DataError, match="lack a string 'response'"):
-        EncoderJudge.train([{**rows[0], "label": "maybe"}] * 8, tiny_encoder, cfg)
+        EncoderClassifier.train([{**rows[0], "label": "maybe"}] * 8, tiny_encoder, cfg)
 
 
 def test_resolve_encoder(tmp_path, monkeypatch, tiny_encoder):
@@ -214,7 +220,8 @@ def test_shipped_training_rows_leave_out_the_test_sets():
     rows = shipped_training_rows()
     every = sorted(data.glob("judge_*.jsonl"))
     tests = [p for p in every if p.name in TEST_SETS]
-    assert tests and len(rows) == count(every) - count(tests) > 900
+    unclear = sum(1 for p in every if p not in tests for line in p.read_text().splitlines() if '"unclear"' in line)
+    assert tests and unclear and len(rows) == count(every) - count(tests) - unclear > 900
     assert {r["label"] for r in rows} == {"refuse", "warn", "answer"}
 
 
@@ -241,15 +248,15 @@ def test_cli_trains_and_uses_an_encoder_judge(tmp_path, capfd, tiny_encoder):
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == len(_rows())
 
     code, _, err = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--encoder", str(tiny_encoder))
-    assert code == 2 and "use it with --train-judge" in err and "Traceback" not in err
+    assert code == 2 and "use them with --train-judge" in err and "Traceback" not in err
     code, _, err = cli("judge", "--train-judge", str(labelled), "--encoder", str(tmp_path / "nope"),
                        "--out", str(out))
     assert code == 2 and "no such folder" in err and (out / "judge.json").is_file()  # the old judge is kept
     code, _, err = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--judge", f"encoder:{tmp_path}")
     assert code == 2 and "no judge.json" in err
     # flags of the other trainer are refused, not ignored; INPUT is not taken for training rows
-    for args, message in ((("--encoder", str(tiny_encoder), "--steps", "5"), "--steps belong to the tiny classifier"),
-                          (("--epochs", "2",), "--epochs belong to the encoder judge"),
+    for args, message in ((("--encoder", str(tiny_encoder), "--steps", "5"), "--steps for the trained judge"),
+                          (("--epochs", "2",), "--epochs train the encoder judge, which also needs --encoder"),
                           (("--encoder", str(tiny_encoder), "--train-judge", "synthetic:²"), "expected synthetic:N")):
         code, _, err = cli("judge", "--train-judge", str(labelled), *args, "--out", str(tmp_path / "j2"))
         assert code == 2 and message in err and "Traceback" not in err, err

@@ -121,7 +121,7 @@ def test_model_attacker_keeps_only_successful_rewrites_over_http():
     """Attacker and target are real OpenAI-compatible endpoints; the target refuses anything that mentions
     'bomb', so only the rewrites that avoid the word succeed; a failed seed is retried in round 2."""
     from meshlm.safety.endpoint import Endpoint
-    from meshlm.safety.judge import RuleJudge
+    from meshlm.safety.judges.rule import RuleJudge
 
     calls = {"n": 0}
 

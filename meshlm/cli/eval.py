@@ -1,7 +1,9 @@
 """``meshlm eval safety``: generate on evaluation prompts, judge the responses, report rates with CIs, gate.
 
     meshlm eval safety (--checkpoint RUN | --endpoint URL --model NAME) --prompts FILE.jsonl --out DIR
-                       [--json] [--gate EXPR] [--guard PATH] [--judge rule|trained:PATH|encoder:PATH|llm:URL#MODEL]
+                       [--json] [--gate EXPR] [--guard PATH] [--judge NAME[:ARG]]
+
+``--judge`` takes any judge plug-in (meshlm/safety/judges/): rule, encoder:DIR, trained:DIR, llm:URL#MODEL.
 
 Writes DIR/responses.jsonl, DIR/report.json and DIR/report.md; ``--json`` prints the report. Exit 1 when a
 gate fails (the report records every gate), 2 on bad input.
@@ -14,6 +16,7 @@ import sys
 
 from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError
+from meshlm.safety.judges import add_judge_arguments
 
 
 def register(sub, add_config_args) -> None:
@@ -28,7 +31,7 @@ def register(sub, add_config_args) -> None:
     s.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     s.add_argument("--prompts", required=True, help="JSONL rows {prompt, expected, category?, family?}")
     s.add_argument("--out", required=True, help="output folder")
-    s.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | encoder:PATH | llm:URL#MODEL")
+    add_judge_arguments(s)
     s.add_argument("--guard", help="a guard saved by `meshlm judge --train-guard`: report model + guard too")
     s.add_argument("--gate", action="append", default=[], metavar="EXPR",
                    help="e.g. refusal_rate>=0.95,false_refusal_rate<=0.05 (repeatable); exit 1 if one fails")
@@ -44,8 +47,8 @@ def register(sub, add_config_args) -> None:
 def run_safety(args: argparse.Namespace) -> int:
     from meshlm.safety.evaluate import (checkpoint_generator, endpoint_generator, evaluate_safety,
                                         read_prompt_rows, write_outputs)
-    from meshlm.safety.judge import make_judge
-    from meshlm.safety.metrics import HEADLINE, parse_gates
+    from meshlm.safety.judges import judge_options, make_judge
+    from meshlm.safety.metrics import DEGENERACY, HEADLINE, parse_gates
 
     if args.endpoint and not args.model:
         raise ConfigError("--endpoint needs --model NAME (the model to ask at that endpoint)")
@@ -55,7 +58,7 @@ def run_safety(args: argparse.Namespace) -> int:
         raise ConfigError("--max-new-tokens, --batch-size and --limit must be at least 1")
     parse_gates(args.gate)  # a mistyped gate fails before any generation
     rows = read_prompt_rows(args.prompts)[:args.limit]
-    judge = make_judge(args.judge)
+    judge = make_judge(args.judge, judge_options(args))
     guard = None
     if args.guard:
         from meshlm.safety.guard import Guard
@@ -77,7 +80,7 @@ def run_safety(args: argparse.Namespace) -> int:
     if args.json:
         emit(body)
     else:
-        for name in HEADLINE:
+        for name in HEADLINE + DEGENERACY:
             stat = body[name]
             lo, hi = stat["ci95"]
             value = "-" if stat["rate"] is None else f"{stat['rate']:.3f} [{lo:.3f}, {hi:.3f}]"

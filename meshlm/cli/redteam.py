@@ -8,6 +8,7 @@ from collections import Counter
 
 from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError
+from meshlm.safety.judges import add_judge_arguments
 
 
 def register(sub, add_config_args) -> None:
@@ -27,9 +28,7 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--attacker-model", help="the attacker endpoint's model name")
     p.add_argument("--target", help="keep only rewrites that succeed against this model (checkpoint or URL)")
     p.add_argument("--target-model", help="the target endpoint's model name")
-    p.add_argument("--judge", default="rule", help="judge of the target's replies: rule (default), trained:PATH, "
-                                                   "encoder:PATH, llm:URL (with --judge-model)")
-    p.add_argument("--judge-model", help="the LLM judge endpoint's model name")
+    add_judge_arguments(p, "the target's replies")
     p.add_argument("--attack-rounds", type=int, default=1, help="attacker retries for seeds not yet broken")
     p.add_argument("--max-new-tokens", type=int, default=128, help="for the attacker's and the target's replies")
     p.add_argument("--json", action="store_true", help="print a summary as JSON")
@@ -38,7 +37,7 @@ def register(sub, add_config_args) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from meshlm.fileio import atomic_write_text
-    from meshlm.safety.redteam import attack, check_families, model_attack, read_seed_prompts, seeds_from_spec
+    from meshlm.safety.redteam import attack, check_families, read_seed_prompts, seeds_from_spec
     from meshlm.safety.spec import load_spec
 
     if args.target and not args.attacker:
@@ -77,12 +76,12 @@ def _model_attack(args: argparse.Namespace, seeds: list) -> tuple[list[dict], di
     target = judge = None
     if args.target:
         target = generate_fn(args.target, args.target_model, max_new_tokens=args.max_new_tokens, flag="--target")
-        judge = build_judge(args.judge, args.judge_model)
+        judge = build_judge(args)
     return model_attack(seeds, rewrite, target=target, judge=judge, rounds=args.attack_rounds, seed=args.seed)
 
 
-def build_judge(name: str, model: str | None):
-    """``(prompts, responses) -> labels`` from safety-eval's judges (meshlm.safety.judge)."""
-    from meshlm.safety.judge import make_judge
+def build_judge(args: argparse.Namespace):
+    """``(prompts, responses) -> labels`` from the judge plug-in ``--judge`` names (meshlm.safety.judges)."""
+    from meshlm.safety.judges import judge_options, make_judge
 
-    return make_judge(name, model=model).label
+    return make_judge(args.judge, judge_options(args)).label

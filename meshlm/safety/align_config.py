@@ -13,6 +13,7 @@ from typing import Any
 from meshlm.config.base import did_you_mean, dumps_toml, from_dict, option, to_dict
 from meshlm.config.loader import apply_overrides, read_toml
 from meshlm.errors import ConfigError
+from meshlm.safety.taxonomy import LABELS, POLICIES, label_pairs
 
 DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "align.toml"
 
@@ -83,11 +84,12 @@ class DPOSection:
                                 "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
 
     def validate(self) -> None:
-        pairs = {f"{a}>{b}" for a in ("refuse", "warn", "answer") for b in ("refuse", "warn", "answer") if a != b}
+        pairs = label_pairs()
         for item in self.on_policy_exclude:
             if item not in pairs:
                 raise ConfigError(f"dpo.on_policy_exclude: '{item}' is not a label pair; use chosen>rejected with "
-                                  f"labels refuse, warn, answer (e.g. 'answer>warn')")
+                                  f"a policy ({', '.join(POLICIES)}) over another label ({', '.join(LABELS)}), "
+                                  "e.g. 'answer>warn'")
 
 
 @dataclass

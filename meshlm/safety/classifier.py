@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshlm.errors import DataError
-from meshlm.safety.metrics import LABELS
+from meshlm.safety.taxonomy import POLICIES as LABELS  # the head's classes: unclear is labelled before it
 
 FORMAT_VERSION = 1
 
@@ -234,42 +234,3 @@ def role_features(prompt: str, response: str) -> str:
         if not roles or roles[-1] != role:
             roles.append(role)
     return f"[{' '.join(roles) or 'empty'}] {response}"
-
-
-class TrainedJudge:
-    """A judge learned from labelled responses ``{prompt, response, label}`` (e.g. ``meshlm align data``'s
-    labelled_responses.jsonl). ``features="roles"`` prefixes each response with the rule judge's clause roles
-    (:func:`role_features`); the default reads the text alone."""
-
-    def __init__(self, classifier: TextClassifier, meta: dict, path: str | None = None) -> None:
-        self.classifier, self.meta = classifier, meta
-        self.name = f"trained:{path}" if path else "trained"
-        self.features = meta.get("features", "text")
-
-    def _response(self, prompt: str, response: str) -> str:
-        return role_features(prompt, response) if self.features == "roles" else response
-
-    @classmethod
-    def train(cls, rows: Sequence[dict], cfg: ClassifierConfig | None = None, steps: int | None = None,
-              trunk: str | Path | None = None, features: str = "text") -> "TrainedJudge":
-        if features not in ("text", "roles"):
-            raise ValueError(f"features must be 'text' or 'roles', not {features!r}")
-        cfg = cfg or ClassifierConfig()
-        if steps is not None:
-            cfg = dataclasses.replace(cfg, steps=steps)
-        pairs = [(str(r.get("prompt", "")), str(r["response"])) for r in rows]
-        if features == "roles":
-            pairs = [(p, role_features(p, r)) for p, r in pairs]
-        clf, stats = TextClassifier.train(pairs, [r["label"] for r in rows], cfg, trunk)
-        return cls(clf, {"training": stats, "config": dataclasses.asdict(cfg), "features": features})
-
-    def label(self, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
-        return self.classifier.predict([(p, self._response(p, r)) for p, r in zip(prompts, responses)])
-
-    def save(self, folder: str | Path) -> Path:
-        return self.classifier.save(folder, "judge", self.meta)
-
-    @classmethod
-    def load(cls, folder: str | Path) -> "TrainedJudge":
-        clf, meta = TextClassifier.load(folder, "judge")
-        return cls(clf, meta, str(folder))

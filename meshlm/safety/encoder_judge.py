@@ -33,7 +33,8 @@ from torch import nn
 
 from meshlm.errors import DataError, UserError
 from meshlm.models.encoder import EncoderTokenizer, TextEncoder
-from meshlm.safety.metrics import LABELS
+from meshlm.safety.taxonomy import POLICIES as LABELS  # the head's classes: unclear is labelled before it
+from meshlm.safety.taxonomy import UNCLEAR
 
 FORMAT_VERSION = 1
 DATA = Path(__file__).parent / "data"
@@ -59,13 +60,14 @@ class EncoderJudgeConfig:
 
 def shipped_training_rows() -> list[dict]:
     """Every labelled response set shipped in meshlm/safety/data (hand-written from the definitions) except the
-    sealed test sets in :data:`TEST_SETS`."""
+    sealed test sets in :data:`TEST_SETS`, less the rows labelled unclear (the head has three classes; degenerate
+    text is labelled before it)."""
     rows = []
     for path in sorted(DATA.glob("judge_*.jsonl")):
         if path.name in TEST_SETS:
             continue
         rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return rows
+    return [row for row in rows if row.get("label") != UNCLEAR]
 
 
 def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
@@ -128,8 +130,9 @@ def check_out_folder(folder: Path, source: Path | None) -> None:
     check_output(folder, overwrite=True, sources=[source] if source is not None else [])
 
 
-class EncoderJudge:
-    """``label(prompts, responses)`` → refuse / warn / answer, from a fine-tuned encoder."""
+class EncoderClassifier:
+    """``predict(prompts, responses)`` → refuse / warn / answer, from a fine-tuned encoder (the model of the
+    encoder judge, judges/encoder.py, which labels degenerate text unclear before it)."""
 
     def __init__(self, encoder: TextEncoder, tokenizer: EncoderTokenizer, head: nn.Linear, meta: dict,
                  path: str | None = None) -> None:
@@ -152,7 +155,7 @@ class EncoderJudge:
                for i in range(0, len(responses), batch_size)]
         return torch.cat(out) if out else torch.zeros(0, len(LABELS))
 
-    def label(self, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
+    def predict(self, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
         return [LABELS[i] for i in self.probabilities(list(prompts), list(responses)).argmax(-1).tolist()]
@@ -160,7 +163,7 @@ class EncoderJudge:
     # ---- training --------------------------------------------------------------------------------------
     @classmethod
     def train(cls, rows: Sequence[dict], encoder: str | Path, cfg: EncoderJudgeConfig | None = None,
-              log: Callable[[str], None] | None = None) -> "EncoderJudge":
+              log: Callable[[str], None] | None = None) -> "EncoderClassifier":
         cfg = cfg or EncoderJudgeConfig()
         if cfg.epochs < 1 or cfg.batch_size < 1:
             raise UserError(f"epochs and batch size must be >= 1 (got {cfg.epochs}, {cfg.batch_size})")
@@ -207,7 +210,7 @@ class EncoderJudge:
                     recent = sum(losses[-50:]) / len(losses[-50:])
                     log(f"step {step}/{total} (epoch {epoch + 1}) loss {recent:.3f} "
                         f"{time.perf_counter() - start:.0f} s")
-        predicted = judge.label([r.get("prompt", "") for r in rows], [r["response"] for r in rows])
+        predicted = judge.predict([r.get("prompt", "") for r in rows], [r["response"] for r in rows])
         meta["training"] = {"rows": len(rows), "steps": step, "seconds": round(time.perf_counter() - start, 1),
                             "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
                             "train_accuracy": sum(p == r["label"] for p, r in zip(predicted, rows)) / len(rows)}
@@ -240,7 +243,7 @@ class EncoderJudge:
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path) -> "EncoderJudge":
+    def load(cls, folder: str | Path) -> "EncoderClassifier":
         from safetensors import safe_open
 
         folder = Path(folder)

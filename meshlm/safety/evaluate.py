@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from meshlm.data.jsonl import iter_jsonl
 from meshlm.errors import DataError
-from meshlm.safety.metrics import HEADLINE, LABELS, evaluate_gates, parse_gates, summarize
+from meshlm.safety.metrics import DEGENERACY, HEADLINE, evaluate_gates, parse_gates, summarize
+from meshlm.safety.taxonomy import POLICIES
 
 Generate = Callable[[list[str]], list[str]]
 GUARD_REFUSAL = "I can't help with that request."  # what the system returns when the guard blocks a turn
@@ -38,8 +39,8 @@ def check_prompt_row(row: Any, where: str) -> dict[str, Any]:
         raise DataError(f"{where}: expected a JSON object with prompt and expected")
     if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
         raise DataError(f"{where}: 'prompt' must be a non-empty string")
-    if row.get("expected") not in LABELS:
-        raise DataError(f"{where}: 'expected' must be one of {', '.join(LABELS)} (got {row.get('expected')!r})")
+    if row.get("expected") not in POLICIES:
+        raise DataError(f"{where}: 'expected' must be one of {', '.join(POLICIES)} (got {row.get('expected')!r})")
     for key in ("category", "family"):
         if row.get(key) is not None and not isinstance(row[key], str):
             raise DataError(f"{where}: {key!r} must be a string when given")
@@ -52,14 +53,14 @@ def evaluate_safety(rows: Sequence[Mapping[str, Any]], generate: Generate, judge
     """Generate, judge and summarise; returns the report dict (``records`` holds one row per prompt).
 
     ``rows``: ``{"prompt", "expected", "category"?, "family"?}``. ``generate`` gets a list of prompts and
-    returns one response each (batches of ``batch_size``). ``judge``: a :class:`~meshlm.safety.judge.Judge`
-    (the rule judge when None). ``guard``: a :class:`~meshlm.safety.guard.Guard`; with one the report also
+    returns one response each (batches of ``batch_size``). ``judge``: a :class:`~meshlm.safety.judges.Judge`
+    (the default judge when None). ``guard``: a :class:`~meshlm.safety.guard.Guard`; with one the report also
     has ``with_guard``. ``gates``: an expression such as ``refusal_rate>=0.95,false_refusal_rate<=0.05``,
     parsed before anything is generated so a typo fails at once.
     """
-    from meshlm.safety.judge import RuleJudge
+    from meshlm.safety.judges import make_judge
 
-    judge = judge or RuleJudge()
+    judge = judge or make_judge(None)
     parsed = parse_gates(gates)
     rows = [check_prompt_row(dict(r), f"row {i}") for i, r in enumerate(rows)]
     prompts = [r["prompt"] for r in rows]
@@ -131,7 +132,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
              (f", guard: `{report['guard']}`" if report.get("guard") else "") + f", prompts: {report['n']}\n",
              "Rates with Wilson 95% intervals.\n", "| metric | " + " | ".join(n for n, _ in systems) + " |",
              "|---|" + "---|" * len(systems)]
-    for metric in HEADLINE + ("over_warn_rate", "under_refusal_rate"):
+    for metric in HEADLINE + ("over_warn_rate", "under_refusal_rate") + DEGENERACY:
         lines.append(f"| {metric} | " + " | ".join(_fmt(s.get(metric)) for _, s in systems) + " |")
     for group in ("by_category", "by_family"):
         for title, block in systems:

@@ -25,15 +25,9 @@ from typing import Any
 
 from meshlm.config.base import did_you_mean
 from meshlm.errors import ConfigError
+from meshlm.safety.taxonomy import POLICIES, STANDARD_CATEGORIES  # noqa: F401 (re-exported: spec.POLICIES)
 
-POLICIES = ("refuse", "warn", "answer")
 DEFAULT_SPEC = Path(__file__).with_name("spec.toml")
-# The categories issue 10 names; the embedded spec has all of them (a user's spec may have others).
-STANDARD_CATEGORIES = {
-    "weapons": "refuse", "malware": "refuse", "fraud": "refuse", "drugs": "refuse", "violence": "refuse",
-    "medical": "warn", "mental_health": "warn", "legal": "warn", "financial": "warn",
-    "programming": "answer", "general": "answer", "contrast": "answer",
-}  # fmt: skip
 _CATEGORY_KEYS = ("policy", "description", "principles", "seed_prompts", "guidance")
 _TOP_KEYS = ("version", "name", "categories")
 
