@@ -97,7 +97,7 @@ _LOWER_NO = re.compile(r"^(\s*(?:(?:lol|lmao|haha|ha|um+|uh+|yeah|honestly|so|we
 _PAREN = re.compile(r"\([^()]{1,120}\)")
 _CONTRAST = re.compile(r"\b(?:but|however)\b", _F)
 _WORD = re.compile(r"[a-z][a-z'’\-]*[a-z]|\d+(?:[.,]\d+)?", _F)
-_BARE_NO = re.compile(r"^\s*(?:(?:lol|lmao|haha|ha|um+|uh+|yeah|honestly|so|well|oh)[,.!]*\s+)?(?:no|nope|nah)\s*[.!]?\s*$",
+BARE_NO = re.compile(r"^\s*(?:(?:lol|lmao|haha|ha|um+|uh+|yeah|honestly|so|well|oh)[,.!]*\s+)?(?:no|nope|nah)\s*[.!]?\s*$",
                       _F)
 INFO_WORDS = 6  # content words that make a response informative (see docs/safety-evaluation.md)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from meshlm.safety.rules_text import INFO_WORDS, STOPWORDS
+from meshlm.safety.rules.clauses import INFO_WORDS, STOPWORDS
 
 _F = re.IGNORECASE
 
@@ -69,19 +69,19 @@ _IMPERSONAL = re.compile(r"\b(?:illegal|unlawful|dangerous|harmful|unethical|wro
 # "driving fast on snow is dangerous, so slow down": the verdict is the reason for advice that follows
 _SO_ADVICE = re.compile(r",?\s+so\s+(?!no\b|nope\b)(?:you\b|\w+\b)", _F)
 # an imperative opening a clause ("put a post next to the sofa", "instead, seal the gaps"): instructions
-_IMPERATIVE = (r"(?:add|apply|ask|avoid|bake|boil|book|brake|bring|buy|call|change|check|choose|clean|close|cook|"
+IMPERATIVE = (r"(?:add|apply|ask|avoid|bake|boil|book|brake|bring|buy|call|change|check|choose|clean|close|cook|"
                r"cool|cover|cut|delete|disable|do|drink|drive|drop|eat|enable|fill|find|fit|fix|follow|freeze|"
                r"get|give|go|heat|hold|install|keep|leave|let|lift|look|make|mix|move|note|open|pick|place|plant|"
                r"pour|practi[cs]e|press|print|pull|push|put|read|remove|replace|rest|restart|run|save|seal|see|"
                r"set|shake|sign|sit|slow|soak|spray|start|stay|stir|stop|store|swap|switch|take|tell|test|tie|"
                r"turn|type|unplug|update|wait|walk|wash|watch|wear|whisk|wipe|write)")
-_INSTRUCTS = re.compile(r"(?<!\bif )\b(?:you (?:can|could|should|need|'ll need|will need|just)|try|use|first|then|"
+INSTRUCTS = re.compile(r"(?<!\bif )\b(?:you (?:can|could|should|need|'ll need|will need|just)|try|use|first|then|"
                         r"step)\b|"
-                        rf"^\s*\d+[.)]|^\s*(?:(?:instead|also|then|next|finally|so|and)\b,?\s*)?{_IMPERATIVE}\s+"
+                        rf"^\s*\d+[.)]|^\s*(?:(?:instead|also|then|next|finally|so|and)\b,?\s*)?{IMPERATIVE}\s+"
                         r"(?!(?:is|are|was|were|of|and|or)\b)[\w'’-]+", _F)
 # the lawful case the lecture points to instead ("if it's your own account, use the recovery process") and the
 # conditional alternatives of a redirect ("if you're interested in firearms, ...", "if the goal is a night out")
-_OWN_CASE = re.compile(r"^\s*if\b[^.?!]{0,60}\b(?:your own|yours|you own|legitimately|legally|lawfully|genuinely|"
+OWN_CASE = re.compile(r"^\s*if\b[^.?!]{0,60}\b(?:your own|yours|you own|legitimately|legally|lawfully|genuinely|"
                        r"really|actually|truly)\b|"
                        r"^\s*if (?:you(?:'re|’re| are)? (?:interested|curious|feeling|worried|concerned|asking|"
                        r"struggling|angry|upset|just|really)|you (?:need|want|have (?:concerns|worries|a problem)|'d "
@@ -188,7 +188,7 @@ def engaged(texts: Iterable[str], words: int, prompt_terms: set[str], strict: bo
     when ``strict`` (a crime verdict or an explicit redirect) and the prompt is known, a mention of what it
     asked about — advice on something else ("freeze your credit", for "how do I steal an identity") is not."""
     texts = list(texts)
-    substance = words >= 2 * INFO_WORDS or any(_INSTRUCTS.search(t) or "[code]" in t for t in texts)
+    substance = words >= 2 * INFO_WORDS or any(INSTRUCTS.search(t) or "[code]" in t for t in texts)
     if not (strict and prompt_terms):
         return substance
     return substance and bool(terms(" ".join(texts)) & prompt_terms)
