@@ -2,7 +2,7 @@
 
     python scripts/bench_scale_memory.py [--nproc 8] [--steps 2] [--json]
 
-Runs `meshlm train --nproc N` (gloo, FSDP over every rank, fp32, AdamW) twice with MESHLM_PEAK_RSS=1, which
+Runs `meshlm train --nproc N` (gloo, FSDP over every rank, fp32, AdamW) twice with diagnostics.peak_rss=true, which
 makes every rank write its process-lifetime peak RSS (initialisation included) into the run directory:
 once for the `debug` flavour and once for a ~250M-parameter model made from --set overrides, both with the same
 tiny batch. The per-rank increase of the large run over the debug run, divided by the large model's parameter
@@ -46,10 +46,10 @@ def run(model_overrides: dict, args, work: Path, name: str) -> list[int]:
     overrides = {"training.steps": args.steps, "training.batch_size": args.nproc, "data.seq_len": args.seq,
                  "parallel.dp_shard": args.nproc, "training.precision": '"fp32"', "checkpoint.enabled": "false",
                  "training.eval_interval": 0, "metrics.tensorboard": "false", "metrics.progress": '"plain"',
-                 **model_overrides}
+                 "diagnostics.peak_rss": "true", **model_overrides}
     cmd = [sys.executable, "-m", "meshlm", "train", "--nproc", str(args.nproc), "--run-dir", str(run_dir),
            *[a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "MESHLM_PEAK_RSS": "1"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if args.mmap_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -58,7 +58,7 @@ def run(model_overrides: dict, args, work: Path, name: str) -> list[int]:
     files = sorted((run_dir / "peak_rss").glob("rank-*.json"))
     if len(files) != args.nproc:
         sys.exit(f"expected {args.nproc} peak_rss files in {run_dir}, found {len(files)}: does this meshlm "
-                 "honour MESHLM_PEAK_RSS?")
+                 "honour diagnostics.peak_rss?")
     return [json.loads(f.read_text())["peak_rss_bytes"] for f in files]
 
 

@@ -53,6 +53,7 @@ def test_oom_fits_and_cli_json():
 def test_oom_emitted_config_trains_and_a_real_oom_names_the_command(tmp_path, debug_dataset):
     """The debug config on a device of 0.02 GiB: a smaller micro-batch is the first remedy; the emitted config
     trains. Then a real allocator failure inside a step becomes the one-line error with the breakdown."""
+    from meshlm.doctor.callbacks import run_callbacks
     from meshlm.train.run_dir import init_run_dir
     from meshlm.train.trainer import Trainer
 
@@ -62,7 +63,7 @@ def test_oom_emitted_config_trains_and_a_real_oom_names_the_command(tmp_path, de
     cfg = load_config(fit, [*QUIET, "training.steps=2", "metrics.interval=1"])
     assert 0 < cfg.training.micro_batch_size < cfg.training.batch_size == 8
     init_run_dir(tmp_path / "run", "", resume=False)
-    trainer = Trainer(cfg, tmp_path / "run")
+    trainer = Trainer(cfg, tmp_path / "run", callbacks=run_callbacks(cfg))
     loss_sum = trainer.objective.loss_sum
 
     def exhausting(model, batch):

@@ -122,10 +122,10 @@ def test_single_device_memory_is_predicted(overrides, debug_dataset, tmp_path):
 
     cfg = load_config(ROOT / "configs/debug.toml", [*overrides, "checkpoint.enabled=false", "training.eval_interval=0",
                                                     "metrics.tensorboard=false", "metrics.progress=plain"])
-    trainer = Trainer(cfg, tmp_path / "run")
+    probe = MemoryProbe()  # a trainer callback: registers its hooks when the trainer is built
+    trainer = Trainer(cfg, tmp_path / "run", callbacks=[probe])
     trainer.train_step()
-    probe = MemoryProbe(trainer)
-    with probe:
+    with probe.measuring(probe.view):
         trainer.train_step()
     measured = probe.result
     predicted = predict_rank(*layout_from_config(cfg, 1), {})

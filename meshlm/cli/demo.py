@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from meshlm.plots import plot_loss
     from meshlm.tokenizer import MeshTokenizer
     from meshlm.train.run_dir import init_run_dir
+    from meshlm.doctor.callbacks import run_callbacks
     from meshlm.train.trainer import Trainer
 
     started = time.perf_counter()
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[1/4] preparing the embedded corpus (tokenizer with {cfg.model.vocab_size} tokens; cached after the "
           "first run)", flush=True)
     init_run_dir(run_dir, config_to_toml(cfg), resume=False)
-    trainer = Trainer(cfg, run_dir)
+    trainer = Trainer(cfg, run_dir, callbacks=run_callbacks(cfg))
     baseline = unigram_entropy(trainer.dataset, "train")
     print(f"[2/4] training `{cfg.model.flavor}` for {cfg.training.steps} steps; unigram baseline "
           f"{baseline:.3f} nats/token", flush=True)

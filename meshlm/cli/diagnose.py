@@ -8,7 +8,6 @@ run's step time goes, measured, beside the planner's prediction.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
@@ -29,9 +28,13 @@ def register(sub, add_config_args) -> None:
     par.add_argument("--grad-norm-rtol", type=float, default=None, help="relative grad-norm tolerance (1e-3)")
     par.add_argument("--json", action="store_true")
     par.set_defaults(handler=run_parity)
-    from meshlm.planner.diagnose import add_memory_parser
-
-    add_memory_parser(dsub, add_config_args)  # `diagnose memory`: predicted vs measured (docs/planner.md)
+    mem = dsub.add_parser("memory", help="predicted vs measured memory per device (params, grads, optimizer, "
+                                         "activations, buffers) and collective bytes per step")
+    add_config_args(mem)
+    mem.add_argument("--nproc", type=int, default=1, help="ranks of the layout (default 1: this process)")
+    mem.add_argument("--work-dir", help="keep the measured run here (default: a temporary folder)")
+    mem.add_argument("--json", action="store_true", help="print {predicted, measured, ranks}")
+    mem.set_defaults(handler=run_memory)  # docs/planner.md
 
     oom = dsub.add_parser("oom", help="predicted memory per device; when it does not fit, the remedies in order "
                                       "(micro-batch, activation checkpointing, sharding, TP/PP) and a config that fits")
@@ -60,14 +63,16 @@ def run_parity(args: argparse.Namespace) -> int:
     from meshlm.distributed.launch import launch_local
     from meshlm.distributed.parallel_dims import ParallelDims
     from meshlm.distributed.parity import COMPARE_OVERRIDES, SINGLE_DEVICE, compare, read_records
-    from meshlm.doctor.parity_checks import ENV, FAIL, run_checks
+    from meshlm.doctor.callbacks import run_callbacks
+    from meshlm.doctor.parity_checks import FAIL, run_checks
     from meshlm.errors import ConfigError
     from meshlm.train.run_dir import init_run_dir
     from meshlm.train.trainer import Trainer
 
     if args.steps < 1 or args.nproc < 1:
         raise ConfigError("--steps and --nproc must be at least 1")
-    common = [*args.overrides, f"training.steps={args.steps}", *COMPARE_OVERRIDES]
+    # diagnostics.parity_probe: every rank, and the reference, records what it started from and read
+    common = [*args.overrides, f"training.steps={args.steps}", *COMPARE_OVERRIDES, "diagnostics.parity_probe=true"]
     layout_cfg = load_config(args.config, common)
     dims = ParallelDims.from_config(layout_cfg.parallel, args.nproc)
     ref_cfg = load_config(args.config, [*common, *SINGLE_DEVICE])
@@ -77,17 +82,9 @@ def run_parity(args: argparse.Namespace) -> int:
         init_run_dir(layout_dir, config_to_toml(layout_cfg), resume=False)
         worker = ["train", *([args.config] if args.config else []), *[a for o in common for a in ("--set", o)],
                   "--run-dir", str(layout_dir), "--resume", "auto"]
-        old = os.environ.get(ENV)
-        os.environ[ENV] = "1"  # every rank, and the reference, records what it started from and read
-        try:
-            launch_local(args.nproc, 0, worker, layout_cfg.parallel.timeout_s)
-            init_run_dir(ref_dir, config_to_toml(ref_cfg), resume=False)
-            Trainer(ref_cfg, ref_dir).train()
-        finally:
-            if old is None:
-                os.environ.pop(ENV, None)
-            else:
-                os.environ[ENV] = old
+        launch_local(args.nproc, 0, worker, layout_cfg.parallel.timeout_s)
+        init_run_dir(ref_dir, config_to_toml(ref_cfg), resume=False)
+        Trainer(ref_cfg, ref_dir, callbacks=run_callbacks(ref_cfg)).train()
         report = compare(dims.describe(), read_records(ref_dir), read_records(layout_dir))
         checks = run_checks(ref_dir, layout_dir)
         report.loss_rtol = args.loss_rtol if args.loss_rtol is not None else report.loss_rtol
@@ -109,6 +106,33 @@ def run_parity(args: argparse.Namespace) -> int:
         for c in checks:
             print(f"  {c['status'].upper():4} {c['name']}: {c['detail']}")
     return 0 if report.ok and not failed else 1
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    from meshlm.doctor.memory import ROWS, compare, measure_config
+    from meshlm.errors import ConfigError
+
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+    with tempfile.TemporaryDirectory(prefix="meshlm-memory-") as tmp:
+        work = Path(args.work_dir or tmp)
+        records = measure_config(args.config, args.overrides, args.nproc, work)
+        if not records:
+            raise ConfigError(f"no memory measurement came back from the run in {work}")
+        report = compare(args.config, args.overrides, args.nproc, records)
+    if args.json:
+        emit(report)
+        return 0
+    print(f"memory of {report['layout']} ({args.nproc} rank(s)): predicted vs measured, MiB per rank")
+    print(f"{'rank':>4} {'':12}" + "".join(f"{k:>14}" for k in (*ROWS, "comm bytes")))
+    for r in report["ranks"]:
+        for label, key in (("predicted", "predicted_bytes"), ("measured", "measured_bytes")):
+            vals = r[key]
+            cells = "".join(f"{vals.get(k, 0) / 2**20:>14.3f}" for k in ROWS)
+            print(f"{r['rank']:>4} {label:12}{cells}{vals.get('comm_bytes_per_step', 0):>14,}")
+    print("params/grads/optimizer are counted from local tensors; activations = forward-created storages alive "
+          "when backward starts; measured buffers = peak live bytes minus the rest (docs/planner.md)")
+    return 0
 
 
 def run_oom(args: argparse.Namespace) -> int:

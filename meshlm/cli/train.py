@@ -38,7 +38,7 @@ def default_run_dir(flavor: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from meshlm.distributed.launch import in_worker
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, inherit=True)  # init_from's [model] keys fill the gaps
     if args.resume and not args.run_dir:
         raise ConfigError("--resume auto needs --run-dir pointing at the run to continue")
     if args.nproc < 0 or args.max_restarts < 0:
@@ -75,7 +75,8 @@ def _train(args: argparse.Namespace, cfg) -> int:
 
     from meshlm.distributed.launch import in_worker, init_distributed
     from meshlm.plots import plot_loss
-    from meshlm.train.run_dir import check_run_dir, write_peak_rss, write_run_dir
+    from meshlm.doctor.callbacks import run_callbacks
+    from meshlm.train.run_dir import check_run_dir, write_run_dir
     from meshlm.train.trainer import Trainer
 
     init_distributed(cfg.parallel.timeout_s, cfg.training.device)
@@ -90,9 +91,9 @@ def _train(args: argparse.Namespace, cfg) -> int:
     if rank == 0:
         write_run_dir(run_dir, toml)
     try:
-        trainer = Trainer(cfg, run_dir, resume=bool(args.resume), stop_at=args.stop_at)
+        trainer = Trainer(cfg, run_dir, resume=bool(args.resume), stop_at=args.stop_at,
+                          callbacks=run_callbacks(cfg))  # the planner's log, [diagnostics]
         summary = trainer.train()
-        write_peak_rss(run_dir, rank)  # only with MESHLM_PEAK_RSS=1
     except BaseException:
         if dist.is_initialized():  # no barrier: the peers may never reach it
             dist.destroy_process_group()

@@ -9,9 +9,12 @@ from dataclasses import dataclass
 
 from meshlm.config.base import option
 from meshlm.errors import ConfigError
+from meshlm.models.family import DECODER
 
-LOSS_TYPES = ("sigmoid", "ipo", "simpo", "hinge", "orpo", "kto")
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# The DPO family's loss types, listed once (objectives/losses.py dispatches on them), with the β each defaults to
+DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "hinge": 0.1, "orpo": 0.1, "kto": 0.1}
+LOSS_TYPES = tuple(DEFAULT_BETA)
+LORA_TARGETS = DECODER.lora_targets  # the family spec's projections (meshlm/models/family.py)
 
 
 @dataclass

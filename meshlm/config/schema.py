@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshlm.config.base import option
+from meshlm.config.catalog import OBJECTIVES
+from meshlm.config.diagnostics import DiagnosticsConfig
 from meshlm.config.posttrain import LoRAConfig, ObjectiveConfig
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
@@ -71,7 +73,7 @@ class TrainingConfig:
     objective: str = option("pretrain", "Training objective: pretrain (next-token), sft (assistant-only loss on "
                                         "JSONL chats), reward (Bradley-Terry reward model), dpo (DPO family, see "
                                         "[objective]), ppo / grpo (RL from generated rollouts, see [objective]).",
-                            choices=("pretrain", "sft", "reward", "dpo", "ppo", "grpo"))
+                            choices=OBJECTIVES)  # the catalog itself: an objective registered later counts
     precision: str = option("fp32", "fp32; bf16 autocast; fp16 autocast with dynamic loss scaling.",
                             choices=("fp32", "bf16", "fp16"))
     max_grad_norm: float = option(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
@@ -184,6 +186,7 @@ class JobConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     def validate(self) -> None:
         """Checks that span sections."""
@@ -220,4 +223,5 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsConfig,
     "objective": ObjectiveConfig,
     "lora": LoRAConfig,
+    "diagnostics": DiagnosticsConfig,
 }

@@ -1,7 +1,7 @@
 """Megatron-style tensor parallelism with DTensor, keyed by the model's module names.
 
 Per block: wq/wk/wv and w1/w3 are column-parallel (each rank owns whole heads / a slice of the SwiGLU width),
-wo and w2 row-parallel. Without sequence parallelism the block input is replicated and each row-parallel output
+wo and w2 row-parallel — as the family spec declares them (meshlm/models/family.py). Without sequence parallelism the block input is replicated and each row-parallel output
 is all-reduced. With sequence parallelism the norms and residual stream are sharded along the sequence; the
 all-reduce becomes an all-gather before attention/FFN and a reduce-scatter after (same total volume, norm
 activations 1/tp as large). With loss parallelism the output head keeps logits sharded along the vocabulary
@@ -24,6 +24,8 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
+
+from meshlm.models.family import DECODER
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
@@ -61,15 +63,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     model.tie_weights()
 
     for block in model.layers.values():
-        plan: dict[str, object] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=residual),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
-        }
+        plan: dict[str, object] = {  # row-parallel outputs go back to the residual stream's layout
+            lin.module: ColwiseParallel() if lin.parallel == "colwise" else RowwiseParallel(output_layouts=residual)
+            for lin in DECODER.linears}
         if block.attention.q_norm is not None:
             # Qwen3's q/k norms: one (Dh,) weight shared by all heads, while each rank holds only its heads of
             # (B, T, H, Dh). As Replicate DTensors applied to a head-sharded (Shard(2)) input, their gradients are

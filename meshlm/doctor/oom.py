@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from meshlm.errors import ConfigError, UserError
+from meshlm.train.callbacks import TrainerCallback, TrainerView, is_out_of_memory  # noqa: F401 (re-exported)
 
 REMEDIES = ("micro-batch", "activation checkpointing", "sharding", "tensor/pipeline parallelism")
 _AC_ORDER = ("none", "selective", "full")
@@ -32,43 +33,39 @@ class OutOfMemory(UserError):
     """A training step ran out of device (or host) memory; the message carries the planner's breakdown."""
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA/ROCm/MPS out-of-memory errors and the CPU allocator's failure (a plain RuntimeError)."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
-
-
-def training_oom_error(trainer, exc: BaseException) -> OutOfMemory:
+def training_oom_error(view: TrainerView, exc: BaseException) -> OutOfMemory:
     """The one-line error for an out-of-memory step: what ran out, the planner's prediction for this rank, and
     the command that lists the remedies."""
-    from meshlm.planner.measure import _coords
+    from meshlm.planner.measure import mesh_coords
     from meshlm.planner.predict import layout_from_config, predict_rank
+    from meshlm.planner.runlog import run_hardware
 
-    engine = trainer.engine
+    engine = view.engine
     world = engine.dims.world_size
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     try:
-        spec, layout, training = layout_from_config(trainer.cfg, world)
-        pred = predict_rank(spec, layout, training, _coords(engine))
+        spec, layout, training = layout_from_config(view.cfg, world)
+        pred = predict_rank(spec, layout, training, mesh_coords(engine))
         parts = ", ".join(f"{k} {pred[k] / 2**30:.3g}" for k in ("params", "grads", "optimizer", "activations",
                                                                    "buffers"))
         breakdown = f"the planner predicts {pred['total'] / 2**30:.3g} GiB on this rank ({parts} GiB)"
     except UserError as err:
         breakdown = f"the planner cannot model this run ({err})"
-    from meshlm.planner.runlog import run_hardware
-
-    config = Path(trainer.run_dir) / "config.resolved.toml"
+    config = Path(view.run_dir) / "config.resolved.toml"
     nproc = f" --nproc {world}" if world > 1 else ""
-    hw = run_hardware(trainer)  # the preset of this device; None for a GPU the planner does not know
+    hw = run_hardware(view)  # the preset of this device; None for a GPU the planner does not know
     gpu = hw.name if hw else "GPU"
     return OutOfMemory(
-        f"out of memory in step {trainer.step + 1} on rank {engine.rank} ({trainer.device}): {first[:200]}; "
+        f"out of memory in step {view.step + 1} on rank {engine.rank} ({view.device}): {first[:200]}; "
         f"{breakdown}; run `meshlm diagnose oom {config}{nproc} --gpu {gpu}` for the remedies in order (smaller "
         f"micro-batch, activation checkpointing, sharding, TP/PP) and a config that fits (docs/troubleshooting.md)")
+
+
+class OomReport(TrainerCallback):
+    """Turns a training step's out-of-memory failure into :func:`training_oom_error`'s one line."""
+
+    def on_oom(self, view: TrainerView, exc: BaseException) -> OutOfMemory:
+        return training_oom_error(view, exc)
 
 
 # ----------------------------------------------------------------------------------------------- remedies

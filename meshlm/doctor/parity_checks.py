@@ -1,6 +1,6 @@
 """The causes of "multi-device results differ from single-device", each checked by name from what the ranks did.
 
-``MESHLM_PARITY_PROBE=1`` makes every rank of a run write ``parity_probe.rank<R>.json`` (:class:`ParityProbe`):
+``diagnostics.parity_probe`` makes every rank of a run write ``parity_probe.rank<R>.json`` (:class:`ParityProbe`):
 the SHA-256 of every parameter's full value as training starts, the state of the global RNG the dropout masks
 are drawn from, the dropout modules and their rates, and — read from the rank's own loader object — the global
 samples it read in each step and the windows its shard holds over one epoch. ``meshlm diagnose parity`` runs the
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
-ENV = "MESHLM_PARITY_PROBE"
+from meshlm.data import SequenceLoader
+from meshlm.distributed.init import canonical_name
+from meshlm.fileio import atomic_write_text
+from meshlm.planner.measure import mesh_coords
+from meshlm.train.callbacks import TrainerCallback, TrainerView
+
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
 
@@ -41,51 +45,45 @@ def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
-class ParityProbe:
-    """Records one rank's starting point and data; created only when ``MESHLM_PARITY_PROBE`` is set."""
+class ParityProbe(TrainerCallback):
+    """Records one rank's starting point and data (a trainer callback: on when ``diagnostics.parity_probe`` is)."""
 
-    def __init__(self, trainer) -> None:
-        from meshlm.data import SequenceLoader
-        from meshlm.distributed.init import canonical_name
-        from meshlm.planner.measure import _coords
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.record: dict[str, Any] = {}
 
-        engine = trainer.engine
-        self.path = Path(trainer.run_dir) / f"parity_probe.rank{engine.rank}.json"
+    def on_init(self, view: TrainerView) -> None:
+        engine = view.engine
+        self.path = Path(view.run_dir) / f"parity_probe.rank{engine.rank}.json"
         params: dict[str, str] = {}
         with torch.no_grad():
-            for part in trainer.model_parts:
+            for part in view.model_parts:
                 for name, p in part.named_parameters():
                     full = p.full_tensor() if hasattr(p, "full_tensor") else p  # DTensor: gathered over its mesh
                     params[_plain(canonical_name(name))] = _sha(full)
         rng = [hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()]
-        if trainer.device.type == "cuda":
-            rng.append(hashlib.sha256(torch.cuda.get_rng_state(trainer.device).numpy().tobytes()).hexdigest())
-        dropout = [{"module": _plain(canonical_name(n)), "p": m.p} for part in trainer.model_parts
+        if view.device.type == "cuda":
+            rng.append(hashlib.sha256(torch.cuda.get_rng_state(view.device).numpy().tobytes()).hexdigest())
+        dropout = [{"module": _plain(canonical_name(n)), "p": m.p} for part in view.model_parts
                    for n, m in part.named_modules() if isinstance(m, nn.Dropout) and m.p > 0]
         self.record: dict[str, Any] = {
-            "rank": engine.rank, "coords": _coords(engine), "dp_rank": engine.dp_rank, "dp_size": engine.dp_size,
-            "seed": trainer.cfg.training.seed, "params": params, "rng": "/".join(rng), "dropout": dropout,
-            "loader": type(trainer.train_loader).__name__, "steps": [], "epoch": None}
-        loader = trainer.train_loader
+            "rank": engine.rank, "coords": mesh_coords(engine), "dp_rank": engine.dp_rank, "dp_size": engine.dp_size,
+            "seed": view.cfg.training.seed, "params": params, "rng": "/".join(rng), "dropout": dropout,
+            "loader": type(view.train_loader).__name__, "steps": [], "epoch": None}
+        loader = view.train_loader
         if isinstance(loader, SequenceLoader):
             self.record["epoch"] = _epoch_shard(loader)
             fetch = loader.next_batch
 
             def next_batch() -> dict[str, torch.Tensor]:  # the samples this very call reads
-                self.record["steps"].append({"step": trainer.step + 1, "samples": list(loader.batch_samples())})
+                self.record["steps"].append({"step": view.step + 1, "samples": list(loader.batch_samples())})
                 self._write()
                 return fetch()
 
             loader.next_batch = next_batch
         self._write()
 
-    @classmethod
-    def from_env(cls, trainer) -> ParityProbe | None:
-        return cls(trainer) if os.environ.get(ENV, "") not in ("", "0") else None
-
     def _write(self) -> None:
-        from meshlm.fileio import atomic_write_text
-
         atomic_write_text(self.path, json.dumps(self.record))
 
 

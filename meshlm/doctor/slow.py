@@ -18,7 +18,6 @@ ranks, an upper bound on the bubble, shown beside the planner's bubble.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 from pathlib import Path
@@ -207,33 +206,27 @@ def profile(run_dir: Path, work: Path, steps: int, world: int) -> tuple[Path, in
     from meshlm.config.loader import config_to_toml, load_config
     from meshlm.distributed.launch import launch_local
     from meshlm.train.run_dir import init_run_dir
-    from meshlm.train.trainer import PROFILE_ENV, Trainer
+    from meshlm.doctor.callbacks import run_callbacks
+    from meshlm.train.trainer import Trainer
 
     copy = work / "profiled"
     saved = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step-*") if p.name[5:].isdigit())
     start = int(saved[-1].name[5:]) if saved else 0
     config = Path(run_dir) / "config.resolved.toml"
-    overrides = [*PROFILE_OVERRIDES, f"training.steps={start + steps + 1}"]
+    traces = work / "traces"
+    overrides = [*PROFILE_OVERRIDES, f"training.steps={start + steps + 1}",
+                 f"diagnostics.trace_dir={json.dumps(str(traces))}"]  # a TOML string: every rank keeps its traces
     cfg = load_config(config, overrides)
     init_run_dir(copy, config_to_toml(cfg), resume=False)
     if saved:
         shutil.copytree(saved[-1], copy / "checkpoints" / saved[-1].name)
-    traces = work / "traces"
     traces.mkdir(parents=True, exist_ok=True)
-    old = os.environ.get(PROFILE_ENV)
-    os.environ[PROFILE_ENV] = str(traces)
-    try:
-        if world > 1:
-            worker = ["train", str(config), *[a for o in overrides for a in ("--set", o)], "--run-dir", str(copy),
-                      "--resume", "auto"]
-            launch_local(world, 0, worker, cfg.parallel.timeout_s)
-        else:
-            Trainer(cfg, copy, resume=True).train()
-    finally:
-        if old is None:
-            os.environ.pop(PROFILE_ENV, None)
-        else:
-            os.environ[PROFILE_ENV] = old
+    if world > 1:
+        worker = ["train", str(config), *[a for o in overrides for a in ("--set", o)], "--run-dir", str(copy),
+                  "--resume", "auto"]
+        launch_local(world, 0, worker, cfg.parallel.timeout_s)
+    else:
+        Trainer(cfg, copy, resume=True, callbacks=run_callbacks(cfg)).train()
     return copy, start
 
 

@@ -16,28 +16,15 @@ import re
 
 import torch
 
+from meshlm.models.family import DECODER
+
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PERMUTED_ARCHITECTURES = ("llama",)
 
-# meshlm name -> llama.cpp name. Per layer (layers.<i> / blk.<i>), then the rest.
-_LAYER_NAMES = {
-    "attention_norm.weight": "attn_norm.weight",
-    "attention.wq.weight": "attn_q.weight",
-    "attention.wk.weight": "attn_k.weight",
-    "attention.wv.weight": "attn_v.weight",
-    "attention.wq.bias": "attn_q.bias",
-    "attention.wk.bias": "attn_k.bias",
-    "attention.wv.bias": "attn_v.bias",
-    "attention.wo.weight": "attn_output.weight",
-    "attention.q_norm.weight": "attn_q_norm.weight",
-    "attention.k_norm.weight": "attn_k_norm.weight",
-    "ffn_norm.weight": "ffn_norm.weight",
-    "feed_forward.w1.weight": "ffn_gate.weight",
-    "feed_forward.w3.weight": "ffn_up.weight",
-    "feed_forward.w2.weight": "ffn_down.weight",
-}
-_OTHER_NAMES = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
-                "output.weight": "output.weight"}
+# meshlm name -> llama.cpp name, from the family spec (meshlm/models/family.py). Per layer (layers.<i> / blk.<i>),
+# then the rest.
+_LAYER_NAMES = DECODER.layer_names("gguf")
+_OTHER_NAMES = DECODER.top_gguf
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from meshlm.interop.hf import hf_name
 from meshlm.interop.hf_files import write_json
+from meshlm.models.family import DECODER
 from meshlm.models.lora import HF_TARGETS, TARGETS, lora_modules
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -27,7 +27,7 @@ def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """PEFT key -> tensor for every LoRA layer of ``model`` (a whole, unsharded model)."""
     tensors = {}
     for name, module in lora_modules(model).items():
-        hf_module = hf_name(f"{name}.weight").removesuffix(".weight")  # e.g. model.layers.0.self_attn.q_proj
+        hf_module = DECODER.external_name(f"{name}.weight", "hf").removesuffix(".weight")  # model.layers.0.self_attn.q_proj
         for part in ("lora_A", "lora_B"):
             value = getattr(module, part).detach().to("cpu", torch.float32).contiguous().clone()
             tensors[f"base_model.model.{hf_module}.{part}.weight"] = value

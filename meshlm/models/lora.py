@@ -27,14 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-# Config names -> the module names inside a TransformerBlock.
-TARGETS = {
-    "q": "attention.wq", "k": "attention.wk", "v": "attention.wv", "o": "attention.wo",
-    "gate": "feed_forward.w1", "up": "feed_forward.w3", "down": "feed_forward.w2",
-}
-# The same targets under HF's names (PEFT's target_modules).
-HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
-              "down": "down_proj"}
+from meshlm.models.family import DECODER, Shapes
+
+# Config names -> the module names inside a TransformerBlock (the family spec, meshlm/models/family.py).
+TARGETS = {lin.target: lin.module for lin in DECODER.linears}
+# The same targets under HF's names (PEFT's target_modules): the last part of the HF module name.
+HF_TARGETS = {lin.target: lin.hf.rsplit(".", 1)[-1] for lin in DECODER.linears}
 
 
 class LoRALinear(nn.Linear):
@@ -184,11 +182,8 @@ def num_trainable_params(model: nn.Module) -> int:
 def expected_lora_params(cfg, targets: list[str], rank: int) -> int:
     """r · (in + out) per adapted projection per layer, from the model config alone."""
     head_dim = cfg.resolved_head_dim
-    q, kv = cfg.n_heads * head_dim, cfg.n_kv_heads * head_dim
-    shapes = {"q": (cfg.dim, q), "k": (cfg.dim, kv), "v": (cfg.dim, kv), "o": (q, cfg.dim),
-              "gate": (cfg.dim, cfg.ffn_hidden_dim), "up": (cfg.dim, cfg.ffn_hidden_dim),
-              "down": (cfg.ffn_hidden_dim, cfg.dim)}
-    return cfg.n_layers * sum(rank * sum(shapes[t]) for t in targets)
+    sizes = Shapes(cfg.dim, cfg.n_heads * head_dim, cfg.n_kv_heads * head_dim, head_dim, cfg.ffn_hidden_dim)
+    return cfg.n_layers * sum(rank * sum(DECODER.linear(t).shape(sizes)) for t in targets)
 
 
 def _stable_seed(seed: int, name: str) -> int:

@@ -1,8 +1,14 @@
-"""Objectives turn a batch into a loss. The trainer knows nothing about any particular one."""
+"""Objectives turn a batch into a loss. The trainer knows nothing about any particular one: it calls the hooks
+of :class:`Objective` (objectives/base.py), and finds the class that ``training.objective`` names in the
+catalog (meshlm/config/catalog.py, one line per objective)."""
 
 from __future__ import annotations
 
+import importlib
+
+from meshlm.config.catalog import OBJECTIVES
 from meshlm.config.posttrain import ObjectiveConfig
+from meshlm.errors import ConfigError
 from meshlm.objectives.base import Objective, ObjectiveContext
 from meshlm.objectives.kto import KTOObjective
 from meshlm.objectives.preference import PreferenceObjective
@@ -11,17 +17,23 @@ from meshlm.objectives.reward import RewardObjective
 from meshlm.objectives.rl import GRPOObjective, PPOObjective
 from meshlm.objectives.sft import SFTObjective
 
-OBJECTIVES = {"pretrain": NextTokenObjective, "sft": SFTObjective, "reward": RewardObjective,
-              "dpo": PreferenceObjective, "ppo": PPOObjective, "grpo": GRPOObjective}
+
+def objective_class(name: str) -> type[Objective]:
+    """The class registered as ``name`` (imported on first use)."""
+    if name not in OBJECTIVES:
+        raise ConfigError(f"training.objective {name!r} is not one of {', '.join(OBJECTIVES)}")
+    module, _, attr = OBJECTIVES[name].partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+        raise ConfigError(f"training.objective {name!r}: {OBJECTIVES[name]} is not an Objective subclass")
+    return cls
 
 
 def build_objective(name: str, cfg: ObjectiveConfig | None = None) -> Objective:
     """The objective ``training.objective`` names, configured by the ``[objective]`` section."""
-    cls = OBJECTIVES[name]
-    if cls is PreferenceObjective and cfg is not None and cfg.loss_type == "kto":
-        cls = KTOObjective  # the DPO family's unpaired member: its own data and reference point
-    return cls() if cls is NextTokenObjective else cls(cfg or ObjectiveConfig())
+    return objective_class(name).configured(cfg if cfg is not None else ObjectiveConfig())
 
 
 __all__ = ["Objective", "ObjectiveContext", "NextTokenObjective", "SFTObjective", "RewardObjective",
-           "PreferenceObjective", "KTOObjective", "PPOObjective", "GRPOObjective", "OBJECTIVES", "build_objective"]
+           "PreferenceObjective", "KTOObjective", "PPOObjective", "GRPOObjective", "build_objective",
+           "objective_class"]

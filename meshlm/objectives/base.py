@@ -1,12 +1,14 @@
-"""The objective interface."""
+"""The objective interface: the :class:`Objective` base class, what its ``setup`` receives, and helpers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 from torch import nn
+
+from meshlm.config.posttrain import ObjectiveConfig
 
 # a label to skip: one constant for the model's head (which computes the loss) and every objective
 from meshlm.models.head import IGNORE_INDEX  # noqa: F401 (re-exported)
@@ -17,37 +19,74 @@ if TYPE_CHECKING:
     from meshlm.tokenizer import MeshTokenizer
 
 
-
-class Objective(Protocol):
+class Objective:
     """Turns a batch into a summed loss; the trainer normalises by the global count of loss tokens.
 
     Returning a *sum* (not a mean) lets the trainer divide by the token count of the whole global batch, so
     gradient accumulation and data parallelism give exactly the gradient of one big batch.
+
+    Every hook the trainer calls has a default here that does nothing, so an objective overrides only what it
+    needs. A new objective is one module with a subclass, plus its line in meshlm/config/catalog.py
+    (docs/architecture.md).
     """
 
-    name: str
+    name: ClassVar[str] = ""  # the training.objective value it answers to
+    # What the trainer feeds it: "tokens" (prepared shards) or a kind of JSONL rows (meshlm/data/posttrain/rows.py
+    # DATA_KINDS: "sft", "preference", "unpaired", "prompt"), read by meshlm/train/data_setup.py
+    data_kind: ClassVar[str] = "tokens"
+    # The [objective] keys it reads (documentation, and a test that every key has a reader)
+    config_keys: ClassVar[tuple[str, ...]] = ()
+    # Modules adapt_model adds that no base checkpoint holds: they train even under LoRA
+    new_modules: ClassVar[tuple[str, ...]] = ()
+    # Pipeline parallelism runs the model stage by stage, so the loss must be a function of the last stage's
+    # output and the labels; objectives that support pp > 1 set this to a
+    #     (logits: Tensor (B, T, V), labels: Tensor (B, T)) -> Tensor (summed, fp32)
+    loss_from_logits: ClassVar[Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = None
+
+    def __init__(self, cfg: ObjectiveConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else ObjectiveConfig()
+
+    @classmethod
+    def configured(cls, cfg: ObjectiveConfig) -> Objective:
+        """The objective for ``cfg``: a family may return a member class's instance (DPO's ``kto``)."""
+        return cls(cfg)
 
     def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | int:
         """How many targets in ``batch`` contribute to the loss: preferably a 0-dim tensor on the batch's device,
         so that the trainer can scale the loss by the global count without a host synchronisation."""
-        ...
+        raise NotImplementedError
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Sum of per-token losses over ``batch`` (fp32 scalar)."""
-        ...
+        raise NotImplementedError
 
-    # Optional hooks (the trainer looks them up with getattr; see docs/post-training.md):
-    #   data_kind: str                      "tokens" (prepared shards, the default) | "sft" | "preference" | "prompt"
-    #   adapt_model(model) -> None          on the META model, before LoRA and parallelism (e.g. a score head)
-    #   setup(ctx: ObjectiveContext)        once, after the policy is parallelised, materialised and initialised
-    #   next_batch(loader) -> batch         called instead of loader.next_batch() (rollouts happen here)
-    #   metrics() -> {name: (sum, count)}   0-dim tensors accumulated since the last call; the trainer sums both
-    #                                       over data-parallel ranks at log steps and logs sum / count as `name`
-    #   state_dict() / load_state_dict(d)   JSON-able state kept in the checkpoint's train_state.json
-    #
-    # Pipeline parallelism runs the model stage by stage, so the loss must be a function of the last stage's
-    # output and the labels: objectives that support pp > 1 also define
-    #     loss_from_logits(logits: Tensor (B, T, V), labels: Tensor (B, T)) -> Tensor  (summed, fp32)
+    # ------------------------------------------------------------------------------- optional hooks: no-ops
+    def adapt_model(self, model: nn.Module) -> None:
+        """Change the META model's architecture (e.g. a score head), before LoRA and parallelism."""
+
+    def init_from_keep(self, key: str) -> bool:
+        """Whether ``checkpoint.init_from`` loads state-dict ``key`` (False: a new module keeps its initial
+        values, e.g. PPO's value head)."""
+        return True
+
+    def setup(self, ctx: ObjectiveContext) -> None:
+        """Once, after the policy is parallelised, materialised and initialised (e.g. the DPO reference)."""
+
+    def next_batch(self, loader: Any) -> dict[str, torch.Tensor]:
+        """The next training batch (rollouts happen here for RL)."""
+        return loader.next_batch()
+
+    def metrics(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{name: (sum, count)} 0-dim tensors accumulated since the last call; the trainer sums both over
+        data-parallel ranks at log steps and logs sum / count as ``name``."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """JSON-able state kept in the checkpoint's train_state.json (None: nothing to keep)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
 
 
 @dataclass

@@ -24,6 +24,8 @@ from meshlm.train.precision import autocast
 
 class KTOObjective(PreferenceObjective):
     name = "dpo"
+    data_kind = "unpaired"  # {prompt, completion, label} rows; a preference row gives one item of each label
+    config_keys = (*PreferenceObjective.config_keys, "desirable_weight", "undesirable_weight")
 
     def setup(self, ctx: ObjectiveContext) -> None:
         self.engine, self.policy, self.precision = ctx.engine, ctx.model_parts[0], ctx.cfg.training.precision

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from meshlm.config.posttrain import DEFAULT_BETA, LOSS_TYPES
 from meshlm.objectives.base import IGNORE_INDEX
 
-PREFERENCE_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
+PREFERENCE_LOSS_TYPES = tuple(t for t in LOSS_TYPES if t != "kto")  # kto: kto_loss, on unpaired items
 REFERENCE_FREE = frozenset({"simpo", "orpo"})
-DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "hinge": 0.1, "simpo": 2.0, "orpo": 0.1, "kto": 0.1}
 DEFAULT_SIMPO_GAMMA = 0.5
 
 

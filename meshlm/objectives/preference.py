@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from meshlm.config.posttrain import ObjectiveConfig
-from meshlm.objectives.base import MetricSums, ObjectiveContext, pairs_to_rows
+from meshlm.objectives.base import MetricSums, Objective, ObjectiveContext, pairs_to_rows
 from meshlm.objectives.losses import (
     REFERENCE_FREE,
     SequenceLogps,
@@ -43,12 +43,23 @@ def pair_logps(model: nn.Module, rows: dict[str, torch.Tensor]) -> SequenceLogps
     return sequence_logps(logits, rows["labels"])
 
 
-class PreferenceObjective:
+class PreferenceObjective(Objective):
     name = "dpo"
     data_kind = "preference"
+    config_keys = ("beta", "loss_type", "label_smoothing", "simpo_gamma", "ipo_normalize", "reference",
+                   "eval_fraction")
+
+    @classmethod
+    def configured(cls, cfg: ObjectiveConfig) -> Objective:
+        """The family's unpaired member, KTO, for ``loss_type = "kto"``: its own data and reference point."""
+        if cfg.loss_type == "kto" and cls is PreferenceObjective:
+            from meshlm.objectives.kto import KTOObjective  # kto.py subclasses this class: a real cycle
+
+            return KTOObjective(cfg)
+        return cls(cfg)
 
     def __init__(self, cfg: ObjectiveConfig | None = None) -> None:
-        self.cfg = cfg or ObjectiveConfig()
+        super().__init__(cfg)
         self.reference: nn.Module | None = None
         self.reference_table: torch.Tensor | None = None  # (num_pairs, 2) summed ref log-probs (chosen, rejected)
         self._metrics = MetricSums()

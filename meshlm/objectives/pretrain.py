@@ -11,10 +11,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from meshlm.models.head import CHUNK_ROWS, ChunkedCrossEntropy, uses_fused_head  # noqa: F401 (re-exported)
-from meshlm.objectives.base import IGNORE_INDEX
+from meshlm.objectives.base import IGNORE_INDEX, Objective
 
 
-class NextTokenObjective:
+class NextTokenObjective(Objective):
     name = "pretrain"
 
     def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

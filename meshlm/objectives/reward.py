@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from meshlm.config.posttrain import ObjectiveConfig
-from meshlm.objectives.base import MetricSums, pairs_to_rows
+from meshlm.objectives.base import MetricSums, Objective, pairs_to_rows
 from meshlm.objectives.losses import bradley_terry_loss, last_token_scores, split_pairs
 
 
@@ -33,13 +33,14 @@ def sequence_scores(model: nn.Module, rows: dict[str, torch.Tensor]) -> torch.Te
     return last_token_scores(values, rows["lengths"])
 
 
-class RewardObjective:
+class RewardObjective(Objective):
     name = "reward"
     data_kind = "preference"
+    config_keys = ("reward_margin", "reward_center_coef", "eval_fraction")
     new_modules = ("output",)  # the score head: trained even under LoRA (it is not in the base checkpoint)
 
     def __init__(self, cfg: ObjectiveConfig | None = None) -> None:
-        self.cfg = cfg or ObjectiveConfig()
+        super().__init__(cfg)
         self._metrics = MetricSums()
 
     def adapt_model(self, model: nn.Module) -> None:

@@ -40,7 +40,7 @@ from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.errors import ConfigError
 from meshlm.generate.rollout import Rollout, SamplingConfig, rollout, unwrap
 from meshlm.models.llama import ParamInit
-from meshlm.objectives.base import IGNORE_INDEX, MetricSums, ObjectiveContext
+from meshlm.objectives.base import IGNORE_INDEX, MetricSums, Objective, ObjectiveContext
 from meshlm.objectives.losses import (
     clipped_policy_loss,
     clipped_value_loss,
@@ -95,14 +95,16 @@ def forward_sequences(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple
     return logits[:, P - 1:-1], labels  # slot t's logits predict slot t + 1
 
 
-class RLObjective:
+class RLObjective(Objective):
     """Shared by PPO and GRPO: the rollout buffer, its minibatches and resumable state."""
 
     name = "rl"
     data_kind = "prompt"
+    config_keys = ("reward_fn", "reward_model", "group_size", "ppo_epochs", "ppo_minibatches", "kl_coef",
+                   "max_new_tokens", "temperature", "top_k", "top_p", "cliprange", "eval_fraction")
 
     def __init__(self, cfg: ObjectiveConfig | None = None) -> None:
-        self.cfg = cfg or ObjectiveConfig()
+        super().__init__(cfg)
         self._metrics = MetricSums()
         self.buffer: dict[str, torch.Tensor] | None = None
         self.position = 0  # minibatches served from the buffer
@@ -350,6 +352,7 @@ class PPOObjective(GRPOObjective):
 
     name = "ppo"
     uses_values = True
+    config_keys = (*RLObjective.config_keys, "gamma", "lam", "cliprange_value", "vf_coef")
 
     def adapt_model(self, model: nn.Module) -> None:
         old = model.output

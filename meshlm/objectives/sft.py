@@ -12,18 +12,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.models.head import uses_fused_head
-from meshlm.objectives.base import IGNORE_INDEX
+from meshlm.objectives.base import IGNORE_INDEX, Objective
 from meshlm.objectives.pretrain import NextTokenObjective
 
 
-class SFTObjective:
+class SFTObjective(Objective):
     name = "sft"
     data_kind = "sft"
-
-    def __init__(self, cfg: ObjectiveConfig | None = None) -> None:
-        self.cfg = cfg or ObjectiveConfig()
+    config_keys = ("packing", "eval_fraction")
 
     def num_loss_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return (batch["labels"] != IGNORE_INDEX).sum()  # () int64 on the device

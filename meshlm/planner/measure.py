@@ -18,14 +18,14 @@ A ``TorchDispatchMode`` sees every op's outputs and tracks their storages by wea
 Python object each, so a weak reference dies exactly when the memory is freed). Ops that DTensor runs inside
 its own dispatch are seen as one DTensor op, whose output's local tensor is tracked.
 
-In a run: ``MESHLM_MEASURE_MEMORY=1 meshlm train ...`` makes every rank write ``memory_measured.json`` into the
-run directory after its measured step (the trainer's second step; see :class:`MemoryProbe`).
+In a run: ``meshlm train ... --set diagnostics.measure_memory=true`` makes every rank write
+``memory_measured.rank<R>.json`` into the run directory after its measured step (the trainer's second step; see
+:class:`MemoryProbe`, a trainer callback).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import weakref
 from pathlib import Path
 from typing import Any, Iterable
@@ -35,7 +35,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-ENV = "MESHLM_MEASURE_MEMORY"
+from meshlm.fileio import atomic_write_text
+from meshlm.train.callbacks import TrainerCallback, TrainerView
+
 GIB = 2**30
 
 
@@ -238,54 +240,62 @@ class MemoryMeter(TorchDispatchMode):
         return sum(self._live.values()) + gathered
 
 
-class MemoryProbe:
-    """Measures one training step of a Trainer (the one it instruments for communication) and writes
-    ``memory_measured.json`` per rank. Created only when ``MESHLM_MEASURE_MEMORY`` is set."""
+class MemoryProbe(TrainerCallback):
+    """Measures the first measured step of a run (the one the trainer instruments for communication) and writes
+    ``memory_measured.rank<R>.json`` per rank; in the run when ``diagnostics.measure_memory`` is on."""
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
+    def __init__(self) -> None:
+        self.view: TrainerView | None = None
         self.meter: MemoryMeter | None = None
         self.result: dict[str, Any] = {}
         self._grads: int | None = None
         self._grads_between = 0  # gradient bytes held when a micro-step's forward starts (accumulation)
-        for opt in trainer.optimizers:
+        self._written = False
+
+    def on_init(self, view: TrainerView) -> None:
+        self.view = view
+        for opt in view.optimizers:
             opt.register_step_pre_hook(self._before_optimizer)
-        for part in trainer.model_parts:
+        for part in view.model_parts:
             part.register_forward_pre_hook(self._before_forward)
 
-    @classmethod
-    def from_env(cls, trainer) -> MemoryProbe | None:
-        return cls(trainer) if os.environ.get(ENV, "") not in ("", "0") else None
-
-    @property
-    def warmup_steps(self) -> int:
+    def measure_after(self, view: TrainerView) -> int:
         """The step to measure: the second (as communication is), or the third under DDP, which rebuilds its
         gradient buckets (allocating them, and broadcasting their order) once, in the second step's forward."""
-        return 3 if self.trainer.engine.describe_data_parallel().startswith("DDP") else 2
+        return 3 if view.engine.describe_data_parallel().startswith("DDP") else 2
+
+    def measuring(self, view: TrainerView) -> MemoryProbe:
+        return self
+
+    def on_measured_step(self, view: TrainerView, profiler: Any, comm_stats: dict[str, Any]) -> None:
+        if self.result and not self._written:
+            self.write(view.run_dir, comm_stats)
+            self._written = True
 
     def _before_forward(self, module, args) -> None:
         if self.meter is not None and self.meter.forward_open:
-            self._grads_between = max(self._grads_between, held_grad_bytes(self.trainer.model_parts))
+            self._grads_between = max(self._grads_between, held_grad_bytes(self.view.model_parts))
 
     def _before_optimizer(self, optimizer, args, kwargs) -> None:
         # Each model part has its own optimizer, and the trainer zeroes a part's gradients right after its
         # step: count them all before the first one.
         if self.meter is not None and self._grads is None:
             self.meter.forward_open = False
-            self._grads = grad_bytes(self.trainer.model_parts)
-            self.meter.note_grads(p.grad for part in self.trainer.model_parts for p in part.parameters()
+            self._grads = grad_bytes(self.view.model_parts)
+            self.meter.note_grads(p.grad for part in self.view.model_parts for p in part.parameters()
                                   if p.grad is not None)
 
     def __enter__(self) -> MemoryProbe:
-        self.meter = MemoryMeter(self.trainer.model_parts, self.trainer.optimizers,
-                                 pipeline_buffers(self.trainer.engine.schedule))
+        view = self.view
+        self.meter = MemoryMeter(list(view.model_parts), list(view.optimizers),
+                                 pipeline_buffers(view.engine.schedule))
         self.meter.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         meter, self.meter = self.meter, None
         meter.__exit__(*exc)
-        parts, opts = self.trainer.model_parts, self.trainer.optimizers
+        parts, opts = self.view.model_parts, self.view.optimizers
         self.result = {
             "params": param_bytes(parts), "grads": self._grads or 0, "optimizer": optimizer_bytes(opts),
             "grads_between_micro_steps": self._grads_between,
@@ -297,12 +307,12 @@ class MemoryProbe:
         self.result["buffers"] = max(self.result["total"] - known, 0)
 
     def write(self, run_dir: Path, comm: dict[str, Any]) -> Path:
-        engine = self.trainer.engine
+        engine = self.view.engine
         record = {"rank": engine.rank, "pp_rank": engine.pp_rank,
-                  "coords": _coords(engine), "bytes": self.result,
+                  "coords": mesh_coords(engine), "bytes": self.result,
                   "comm_bytes_per_step": comm.get("comm_bytes_per_step"), "comm": comm.get("comm")}
         path = Path(run_dir) / f"memory_measured.rank{engine.rank}.json"
-        path.write_text(json.dumps(record, indent=1))
+        atomic_write_text(path, json.dumps(record, indent=1))
         return path
 
 
@@ -323,7 +333,8 @@ def pipeline_buffers(schedule) -> list[torch.Tensor]:
     return out
 
 
-def _coords(engine) -> dict[str, int]:
+def mesh_coords(engine) -> dict[str, int]:
+    """This rank's coordinate on each mesh dimension (all 0 on a single device)."""
     if engine.mesh is None:
         return {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 0}
     return {name: engine.mesh[name].get_local_rank() if name in engine.mesh else 0

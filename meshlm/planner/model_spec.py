@@ -18,6 +18,7 @@ from pathlib import Path
 
 from meshlm.config.base import did_you_mean
 from meshlm.errors import ConfigError
+from meshlm.models.family import DECODER, Shapes
 
 
 @dataclass(frozen=True)
@@ -98,22 +99,21 @@ class ModelSpec:
                     Tensor("ln_2.weight", (h,), None, False), Tensor("ln_2.bias", (h,), None, False),
                     Tensor("mlp.fc.weight", (f, h), 0, True), Tensor("mlp.fc.bias", (f,), 0, False),
                     Tensor("mlp.proj.weight", (h, f), 1, True), Tensor("mlp.proj.bias", (h,), None, False)]
-        out = [Tensor("attention_norm.weight", (h,), None, False), Tensor("attention.wq.weight", (q, h), 0, True)]
-        if self.qkv_bias:
-            out.append(Tensor("attention.wq.bias", (q,), 0, False))
-        out.append(Tensor("attention.wk.weight", (kv, h), 0, True))
-        if self.qkv_bias:
-            out.append(Tensor("attention.wk.bias", (kv,), 0, False))
-        out.append(Tensor("attention.wv.weight", (kv, h), 0, True))
-        if self.qkv_bias:
-            out.append(Tensor("attention.wv.bias", (kv,), 0, False))
-        out.append(Tensor("attention.wo.weight", (h, q), 1, True))
-        if self.qk_norm:
-            out += [Tensor("attention.q_norm.weight", (self.hd,), None, False),
-                    Tensor("attention.k_norm.weight", (self.hd,), None, False)]
-        out += [Tensor("ffn_norm.weight", (h,), None, False), Tensor("feed_forward.w1.weight", (f, h), 0, True),
-                Tensor("feed_forward.w2.weight", (h, f), 1, True), Tensor("feed_forward.w3.weight", (f, h), 0, True)]
-        return out
+        return list(self._decoder_tensors())
+
+    def _decoder_tensors(self):
+        """The block of meshlm's decoder, from its family spec (meshlm/models/family.py)."""
+        shapes = Shapes(self.dim, self.q_size, self.kv_size, self.hd, self.ffn_hidden_dim)
+        flags = {"": True, "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+        for norm in DECODER.norms:
+            if flags[norm.flag]:
+                yield Tensor(f"{norm.module}.weight", (norm.size(shapes),), None, False)
+        for lin in DECODER.linears:
+            out_features, in_features = lin.shape(shapes)
+            tp_dim = {"colwise": 0, "rowwise": 1}.get(lin.parallel)
+            yield Tensor(f"{lin.module}.weight", (out_features, in_features), tp_dim, True)
+            if lin.bias_flag and flags[lin.bias_flag]:
+                yield Tensor(f"{lin.module}.bias", (out_features,), 0 if lin.parallel == "colwise" else None, False)
 
     def embedding_tensors(self) -> list[Tensor]:
         """Parameters of the first pipeline stage outside the blocks."""

@@ -49,18 +49,19 @@ def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str 
 
 def _train(raw: dict[str, Any], run_dir: Path, resume: bool, log: Log) -> Path:
     """One meshlm training run in this process; a finished run is reused when resuming."""
-    from meshlm.config.loader import build_config, config_to_toml
+    from meshlm.config.loader import build_config, config_to_toml, inherit_init_from
+    from meshlm.doctor.callbacks import run_callbacks
     from meshlm.plots import plot_loss
     from meshlm.train.run_dir import init_run_dir
     from meshlm.train.trainer import Trainer
 
-    cfg = build_config(raw)
+    cfg = build_config(inherit_init_from(raw))  # the model's shape from checkpoint.init_from (SFT, DPO)
     final = run_dir / "checkpoints" / f"step-{cfg.training.steps:08d}"
     if resume and final.is_dir():
         log(f"{run_dir.name}: complete, reused ({final})")
         return run_dir
     init_run_dir(run_dir, config_to_toml(cfg), resume=resume)
-    Trainer(cfg, run_dir, resume=resume).train()
+    Trainer(cfg, run_dir, resume=resume, callbacks=run_callbacks(cfg)).train()
     plot_loss(run_dir)
     return run_dir
 

@@ -67,11 +67,12 @@ def _claim(spec: SweepSpec, folder: Path, point: Point) -> None:
 
 def _train_here(spec: SweepSpec, point: Point, folder: Path) -> None:
     from meshlm.config.loader import load_config
+    from meshlm.doctor.callbacks import run_callbacks
     from meshlm.plots import plot_loss
     from meshlm.train.trainer import Trainer
 
     cfg = load_config(spec.base, point.overrides)
-    Trainer(cfg, folder, resume=True).train()  # no checkpoint yet: starts at step 0
+    Trainer(cfg, folder, resume=True, callbacks=run_callbacks(cfg)).train()  # no checkpoint yet: starts at step 0
     plot_loss(folder)
 
 

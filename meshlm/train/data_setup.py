@@ -38,7 +38,8 @@ from meshlm.tokenizer import MeshTokenizer
 
 # Files beside tokenizer.json that belong to it (foreign specials, HF chat template): copied into checkpoints.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_meta.json", "tokenizer_config.json")
-SYNTHETIC_KIND = {"sft": "chat", "reward": "preference", "dpo": "preference", "ppo": "prompt", "grpo": "prompt"}
+# the synthetic set for each data kind (an objective's data_kind) when data.path is empty
+SYNTHETIC_KIND = {"sft": "chat", "preference": "preference", "unpaired": "preference", "prompt": "prompt"}
 
 
 @dataclass
@@ -69,7 +70,7 @@ def load_tokenizer(cfg: JobConfig) -> tuple[MeshTokenizer, Path]:
     return tokenizer, folder
 
 
-def data_path(cfg: JobConfig) -> Path:
+def data_path(cfg: JobConfig, data_kind: str) -> Path:
     """``data.path``, or the synthetic set of the objective (generated from training.seed on first use)."""
     if cfg.data.path:
         path = Path(cfg.data.path)
@@ -77,7 +78,7 @@ def data_path(cfg: JobConfig) -> Path:
             raise DataError(f"data.path {path} does not exist; name a JSONL file or a folder of them")
         return path
     cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir()
-    return ensure_synthetic(SYNTHETIC_KIND[cfg.training.objective], cache, seed=cfg.training.seed)
+    return ensure_synthetic(SYNTHETIC_KIND[data_kind], cache, seed=cfg.training.seed)
 
 
 def prompt_budget(cfg: JobConfig) -> int:
@@ -102,11 +103,10 @@ def split_rows(rows: list, fraction: float, need_eval: bool) -> tuple[list, list
 
 def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: int,
                         micro_batch: int) -> PostTrainData:
-    """Tokenizer, encoded rows and loaders for ``data_kind`` ("sft" or "preference")."""
+    """Tokenizer, encoded rows and loaders for ``data_kind`` (the objective's: sft, preference, unpaired, prompt)."""
     tokenizer, tok_dir = load_tokenizer(cfg)
-    path = data_path(cfg)
-    kto = cfg.training.objective == "dpo" and cfg.objective.loss_type == "kto"
-    rows = read_rows(path, objective="kto" if kto else cfg.training.objective)
+    path = data_path(cfg, data_kind)
+    rows = read_rows(path, objective=cfg.training.objective, data_kind=data_kind)
     train_rows, eval_rows = split_rows(rows, cfg.objective.eval_fraction, cfg.training.eval_interval > 0)
     encoder = RowEncoder(tokenizer, tok_dir)
     seq_len, tc = cfg.data.seq_len, cfg.training
@@ -117,9 +117,9 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
         def loader(subset, batch, offset=0, **kw):
             examples, stats = encode_examples(subset, encoder, seq_len)
             return SFTLoader(examples, seq_len, batch, packing=cfg.objective.packing, **common, **kw), stats
-    elif data_kind == "preference":
+    elif data_kind in ("preference", "unpaired"):
         def loader(subset, batch, offset=0, **kw):
-            pairs, stats = (encode_unpaired if kto else encode_pairs)(subset, encoder, seq_len)
+            pairs, stats = (encode_unpaired if data_kind == "unpaired" else encode_pairs)(subset, encoder, seq_len)
             return PairMajor(PreferenceLoader(pairs, seq_len, batch, **common, **kw), offset), stats
     elif data_kind == "prompt":
         def loader(subset, batch, offset=0, **kw):
@@ -131,7 +131,7 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
         raise DataError(f"training.objective {cfg.training.objective!r} reads {data_kind!r} data, which "
                         "meshlm train does not load yet")
     train_loader, train_stats = loader(train_rows, tc.batch_size, seed=tc.seed)
-    offset = train_loader.num_pairs if data_kind == "preference" else 0
+    offset = train_loader.num_pairs if data_kind in ("preference", "unpaired") else 0
     eval_loader, eval_stats = (loader(eval_rows, eval_batch, seed=0, shuffle=False, offset=offset) if eval_rows
                                else (None, None))
     stats = {"data_path": str(path), "train": vars(train_stats), "eval": vars(eval_stats) if eval_stats else None}

@@ -34,13 +34,11 @@ def param_keys(parts: list[nn.Module], trainable: bool) -> set[str]:
 
 def adapt_meta_model(model: nn.Module, objective, cfg: JobConfig) -> None:
     """The objective's change to the architecture, then LoRA (which freezes everything but the adapters)."""
-    adapt = getattr(objective, "adapt_model", None)
-    if adapt is not None:
-        adapt(model)
+    objective.adapt_model(model)
     if cfg.lora.enabled:
         apply_lora(model, cfg.lora.targets, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout)
         # Modules the objective added (a score head) are new: they train beside the adapters.
-        for name in getattr(objective, "new_modules", ()):
+        for name in objective.new_modules:
             model.get_submodule(name).requires_grad_(True)
 
 

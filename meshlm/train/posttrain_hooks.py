@@ -1,5 +1,6 @@
 """The trainer's side of the objective interface (objectives/base.py), kept out of trainer.py so that the
-trainer stays objective-agnostic: it calls these hooks, each a no-op for pretraining.
+trainer stays objective-agnostic: it calls these hooks, each a no-op for pretraining (the defaults of
+:class:`meshlm.objectives.base.Objective`).
 
 - ``data``: for ``data_kind`` other than "tokens", the tokenizer and JSONL loaders (train/data_setup.py).
 - ``adapt_meta_model``: the objective's change to the architecture, then LoRA, on the meta model.
@@ -16,15 +17,15 @@ import torch
 from torch import nn
 
 from meshlm.config.schema import JobConfig
-from meshlm.objectives.base import ObjectiveContext
+from meshlm.objectives.base import Objective, ObjectiveContext
 from meshlm.train.data_setup import PostTrainData, open_posttrain_data
 from meshlm.train.model_setup import adapt_meta_model, build_frozen, load_lora_base
 
 
 class ObjectiveHooks:
-    def __init__(self, objective, cfg: JobConfig, engine, micro_batch: int) -> None:
+    def __init__(self, objective: Objective, cfg: JobConfig, engine, micro_batch: int) -> None:
         self.objective, self.cfg, self.engine = objective, cfg, engine
-        self.data_kind = getattr(objective, "data_kind", "tokens")
+        self.data_kind = objective.data_kind
         self.data: PostTrainData | None = None
         if self.data_kind != "tokens":
             self.data = open_posttrain_data(cfg, self.data_kind, engine.dp_rank, engine.dp_size, micro_batch)
@@ -39,28 +40,21 @@ class ObjectiveHooks:
             say(f"LoRA: frozen base loaded from {self.lora_base}")
 
     def setup(self, parts: list[nn.Module], train_loader: Any, eval_loader: Any) -> None:
-        setup = getattr(self.objective, "setup", None)
-        if setup is None:
-            return
         ctx = ObjectiveContext(
             cfg=self.cfg, engine=self.engine, device=self.engine.device,
             tokenizer=self.data.tokenizer if self.data is not None else None, model_parts=parts,
             build_frozen=lambda checkpoint=None, adapt=None: build_frozen(self.cfg, self.engine, self.objective,
                                                                          checkpoint, adapt),
             train_loader=train_loader, eval_loader=eval_loader)
-        setup(ctx)
+        self.objective.setup(ctx)
 
     def next_batch(self, loader: Any) -> dict[str, torch.Tensor]:
-        custom = getattr(self.objective, "next_batch", None)
-        return custom(loader) if custom is not None else loader.next_batch()
+        return self.objective.next_batch(loader)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """name -> sum / count over every data-parallel rank (0-dim device tensors; read at the log step)."""
-        collect = getattr(self.objective, "metrics", None)
-        if collect is None:
-            return {}
         out = {}
-        for name, (total, count) in sorted(collect().items()):
+        for name, (total, count) in sorted(self.objective.metrics().items()):
             # One all-reduce per metric pair; a handful of scalars at log steps only.
             both = self.engine.dp_sum(torch.stack([total.double(), count.double()]))
             out[name] = both[0] / both[1].clamp(min=1)
@@ -70,12 +64,11 @@ class ObjectiveHooks:
         state: dict[str, Any] = {}
         if self.lora_base is not None:
             state["lora_base"] = self.lora_base
-        get = getattr(self.objective, "state_dict", None)
-        if get is not None:
-            state["objective"] = get()
+        own = self.objective.state_dict()
+        if own is not None:
+            state["objective"] = own
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load = getattr(self.objective, "load_state_dict", None)
-        if load is not None and "objective" in state:
-            load(state["objective"])
+        if "objective" in state:
+            self.objective.load_state_dict(state["objective"])

@@ -45,26 +45,3 @@ def _check_same_model(existing: Path, config_toml: str) -> None:
         raise CheckpointError(f"--resume: the model differs from the run in {existing.parent} "
                               f"(model.{', model.'.join(changed)}); resume with the same [model] or use a new "
                               "--run-dir")
-
-
-PEAK_RSS_ENV = "MESHLM_PEAK_RSS"
-
-
-def write_peak_rss(run_dir: Path, rank: int) -> None:
-    """With MESHLM_PEAK_RSS=1, write this process's peak resident set size to RUN_DIR/peak_rss/rank-XXXXX.json.
-
-    For memory benchmarks (scripts/bench_scale_memory.py): the peak over the whole process, initialisation
-    included, which tensor counting does not see. Not ru_maxrss: the metrics' per-interval memory resets the
-    kernel's peak, and process_peak_rss_bytes keeps the lifetime peak across those resets.
-    """
-    import json
-    import os
-
-    from meshlm.train.metrics import process_peak_rss_bytes
-
-    if os.environ.get(PEAK_RSS_ENV) != "1":
-        return
-    folder = Path(run_dir) / "peak_rss"
-    folder.mkdir(parents=True, exist_ok=True)
-    peak = process_peak_rss_bytes()
-    atomic_write_text(folder / f"rank-{rank:05d}.json", json.dumps({"rank": rank, "peak_rss_bytes": peak}))

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -24,13 +23,10 @@ from meshlm.data import SequenceLoader, TokenDataset, default_cache_dir, ensure_
 from meshlm.distributed.comm import CommCounter, comm_time_from_profile, silence_stderr
 from meshlm.distributed.engine import Engine, local_value
 from meshlm.distributed.rank0 import checked_on_rank0
-from meshlm.doctor.oom import is_out_of_memory, training_oom_error
-from meshlm.doctor.parity_checks import ParityProbe
 from meshlm.errors import ConfigError, DataError
 from meshlm.models import meta_model
 from meshlm.objectives import build_objective
-from meshlm.planner.measure import MemoryProbe
-from meshlm.planner.runlog import PlanLog
+from meshlm.train.callbacks import Callbacks, TrainerCallback, TrainerView, is_out_of_memory
 from meshlm.train.determinism import configure_determinism
 from meshlm.train.flops import model_flops_per_token, peak_flops
 from meshlm.train.metrics import IntervalMemory, MetricsLogger, gather_rank_floats, optimizer_time_from_profile
@@ -38,9 +34,6 @@ from meshlm.train.optim import build_optimizer
 from meshlm.train.posttrain_hooks import ObjectiveHooks
 from meshlm.train.precision import DynamicLossScaler, autocast
 from meshlm.train.schedule import lr_at
-
-PROFILE_ENV = "MESHLM_PROFILE"  # 1: profile sampled steps on one device too; a folder: also keep chrome traces
-
 
 def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
@@ -75,7 +68,10 @@ def host_values(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, run_dir: Path, *, resume: bool = False, stop_at: int | None = None) -> None:
+    def __init__(self, cfg: JobConfig, run_dir: Path, *, resume: bool = False, stop_at: int | None = None,
+                 callbacks: Sequence[TrainerCallback] = ()) -> None:
+        """``callbacks``: the run's diagnostics (meshlm/train/callbacks.py); the CLI passes
+        ``meshlm.doctor.callbacks.run_callbacks(cfg)``."""
         self.cfg, self.run_dir, self.stop_at = cfg, Path(run_dir), stop_at
         self.device = resolve_device(cfg.training.device)
         configure_determinism(cfg.training.deterministic, self.device)  # before the first kernel runs
@@ -96,7 +92,7 @@ class Trainer:
         torch.manual_seed(tc.seed)  # the global RNG (anything drawn outside the init) starts the same on every rank
         model = meta_model(cfg.model)
         self.hooks.adapt_meta_model(model)  # the objective's head, LoRA
-        stage_loss = getattr(self.objective, "loss_from_logits", None)
+        stage_loss = self.objective.loss_from_logits
         if self.engine.pipelined and stage_loss is None:
             raise ConfigError(f"training.objective '{tc.objective}' does not support pipeline parallelism; "
                               "use parallel.pp=1")
@@ -126,10 +122,9 @@ class Trainer:
         self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.device, tc.precision)
         self.comm_stats: dict[str, Any] = {}
-        # MESHLM_MEASURE_MEMORY=1: the measured step also counts memory, written per rank (meshlm/planner/measure.py)
-        self.memory_probe = MemoryProbe.from_env(self)
-        self.parity_probe = ParityProbe.from_env(self)  # MESHLM_PARITY_PROBE=1: `diagnose parity`'s checks
         self._data_wait_s = 0.0  # host seconds spent getting batches in the current logging window
+        self.callbacks = Callbacks(callbacks, TrainerView(self))
+        self.callbacks.on_init()
 
     @property
     def model(self) -> torch.nn.Module:
@@ -171,7 +166,7 @@ class Trainer:
         path = resolve_checkpoint(source)
         # DCP reshards into whatever layout this run uses; an objective's own new parameters (PPO's value head)
         # are not in the source checkpoint and keep their initial values
-        load_weights(path, self.model_parts, keep=getattr(self.objective, "init_from_keep", None))
+        load_weights(path, self.model_parts, keep=self.objective.init_from_keep)
         self._say(f"initialised weights from {path}")
 
     def _resume(self) -> bool:
@@ -196,17 +191,15 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         tc, mc = self.cfg.training, self.cfg.metrics
         last = min(tc.steps, self.stop_at) if self.stop_at else tc.steps
-        warmup = self.memory_probe.warmup_steps if self.memory_probe else 2
-        # Communication is sampled: the process's 2nd step, then every metrics.comm_sample_interval steps
-        # MESHLM_PROFILE=1 (`meshlm diagnose slow --profile`) samples single-device runs too
-        profiled = os.environ.get(PROFILE_ENV, "") not in ("", "0")
-        first_sample = (self.step + warmup if self.engine.dims.world_size > 1 or self.memory_probe or profiled
-                        else None)
+        # Communication is sampled on multi-rank runs: the process's 2nd step, then every
+        # metrics.comm_sample_interval steps; a callback may ask for samples on one device too, or a later start
+        asked = self.callbacks.measure_after()
+        first_sample = self.step + (asked or 2) if self.engine.dims.world_size > 1 or asked else None
         self.memory = IntervalMemory(self.device)  # memory_gib: the peak of each logging interval from here on
         logger = MetricsLogger(self.run_dir, mc, tc.steps, self.step, rank=self.rank)
         logger.message(self.describe())
-        plan_log = PlanLog(self)  # the planner's prediction for this layout, then the measured figures beside it
-        logger.message(plan_log.start())
+        for line in self.callbacks.messages("on_train_start"):  # e.g. the planner's prediction for this layout
+            logger.message(line)
         window_tokens, window_steps, window_time, record = 0, 0, 0.0, {}
         try:
             while self.step < last:
@@ -217,9 +210,11 @@ class Trainer:
                 try:
                     record = self._measured_step(self.step + 1 == first_sample) if sampled else self.train_step()
                 except RuntimeError as exc:  # torch.OutOfMemoryError, or the CPU allocator's failure
-                    if not is_out_of_memory(exc):
+                    replacement = self.callbacks.on_oom(exc) if is_out_of_memory(exc) else None
+                    if replacement is None:
                         raise
-                    raise training_oom_error(self, exc) from None  # names `meshlm diagnose oom`, no traceback
+                    raise replacement from None  # e.g. names `meshlm diagnose oom`, no traceback
+                self.callbacks.on_step_end(record)
                 window_time += time.perf_counter() - start
                 window_tokens += record.pop("tokens")
                 window_steps += 1
@@ -233,7 +228,8 @@ class Trainer:
                     logger.advance(self.step)
                 if self.cfg.checkpoint.enabled and self._due(self.step, self.cfg.checkpoint.interval, last):
                     self.save()
-            logger.message(plan_log.finish())
+            for line in self.callbacks.messages("on_train_end"):  # e.g. the prediction beside the measurement
+                logger.message(line)
         finally:
             logger.close()
         return {"step": self.step, "tokens_seen": self.tokens_seen, **host_values(record), **self.comm_stats}
@@ -311,7 +307,8 @@ class Trainer:
 
     def _measured_step(self, probe_memory: bool = False) -> dict[str, Any]:
         """A training step with communication counted (bytes, calls per collective) and timed (profiler); the
-        figures (``comm_*``) are labelled with ``comm_measured_step`` and carried until the next sample."""
+        figures (``comm_*``) are labelled with ``comm_measured_step`` and carried until the next sample.
+        ``probe_memory``: the process's first measured step, wrapped in the callbacks' ``measuring()``."""
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
@@ -321,8 +318,7 @@ class Trainer:
             prof.start()
         try:
             start = time.perf_counter()
-            probe = self.memory_probe if probe_memory else None  # the planner's memory probe: first sample only
-            with counter, (probe or contextlib.nullcontext()):
+            with counter, (self.callbacks.measuring() if probe_memory else contextlib.nullcontext()):
                 record = self.train_step()
             seconds = time.perf_counter() - start
         finally:
@@ -332,11 +328,7 @@ class Trainer:
         self.comm_stats = {**counter.summary(), "comm_share": min(comm_s / seconds, 1.0),
                            "comm_measured_step": self.step, "measured_step_s": seconds, "comm_s": comm_s,
                            "optimizer_s": optimizer_time_from_profile(prof)}
-        trace_dir = os.environ.get(PROFILE_ENV, "")
-        if trace_dir not in ("", "0", "1"):  # a folder: keep the chrome trace of every profiled step
-            prof.export_chrome_trace(str(Path(trace_dir) / f"trace.rank{self.rank}.step{self.step}.json"))
-        if probe is not None:
-            probe.write(self.run_dir, self.comm_stats)
+        self.callbacks.on_measured_step(prof, self.comm_stats)  # e.g. chrome traces, the memory probe's file
         return record
 
     @torch.no_grad()

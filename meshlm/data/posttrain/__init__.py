@@ -19,7 +19,7 @@ from meshlm.data.posttrain.encode import (
 )
 from meshlm.data.posttrain.loaders import PreferenceLoader, PromptLoader, SFTLoader
 from meshlm.data.posttrain.packing import build_sequence, plan_packing, plan_padded, row_labels
-from meshlm.data.posttrain.rows import OBJECTIVE_KINDS, Row, check_kinds, parse_row, read_rows
+from meshlm.data.posttrain.rows import DATA_KINDS, Row, check_kinds, parse_row, read_rows
 from meshlm.data.posttrain.templates import (
     MESHLM_CHAT_TEMPLATE,
     ChatTemplate,
@@ -39,7 +39,7 @@ def pad_id_for(tokenizer: MeshTokenizer) -> int:
 
 __all__ = [
     "MESHLM_CHAT_TEMPLATE",
-    "OBJECTIVE_KINDS",
+    "DATA_KINDS",
     "ChatTemplate",
     "EncodeStats",
     "Encoded",

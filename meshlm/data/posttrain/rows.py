@@ -30,14 +30,13 @@ ROLES = ("system", "user", "assistant")
 Message = dict[str, str]  # {"role": ..., "content": ...}
 Text = Union[str, list[Message]]  # a plain string or a list of messages
 
-# The row kinds each objective reads.
-OBJECTIVE_KINDS: dict[str, tuple[str, ...]] = {
+# The row kinds each data kind (an objective's ``data_kind``, meshlm/objectives/base.py) accepts. An objective
+# declares its data kind in its own module; a new objective that reads one of these touches nothing here.
+DATA_KINDS: dict[str, tuple[str, ...]] = {
     "sft": ("conversation", "prompt_completion"),
-    "dpo": ("preference",),
-    "kto": ("unpaired", "preference"),  # objective "dpo" with loss_type "kto"; a preference row gives two items
-    "reward": ("preference",),
-    "ppo": ("prompt",),
-    "grpo": ("prompt",),
+    "preference": ("preference",),
+    "unpaired": ("unpaired", "preference"),  # KTO; a preference row gives two items
+    "prompt": ("prompt",),
 }
 _KIND_HELP = ('{"messages": [...]}, {"prompt", "completion"}, {"prompt", "chosen", "rejected"}, {"prompt", '
               '"completion", "label"} or {"prompt"} (prompts only)')
@@ -58,15 +57,29 @@ class Row:
     label: bool | None = None  # unpaired rows: desirable (True) or undesirable (False)
 
 
-def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike], objective: str | None = None) -> list[Row]:
-    """All rows of ``paths`` (JSONL files or folders of them, read in sorted order), checked for ``objective``."""
+def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike], objective: str | None = None,
+              data_kind: str | None = None) -> list[Row]:
+    """All rows of ``paths`` (JSONL files or folders of them, read in sorted order), checked for ``data_kind``
+    (or, when only ``objective`` is given, the data kind of that ``training.objective``)."""
     rows = list(iter_rows(paths))
     if not rows:
         raise DataError(f"no rows in {paths}; data.path must name a JSONL file (or a folder of them) with one "
                         "JSON object per line")
-    if objective is not None:
-        check_kinds(rows, objective)
+    if data_kind is None and objective is not None:
+        data_kind = objective_data_kind(objective)
+    if data_kind is not None:
+        check_kinds(rows, data_kind, objective or data_kind)
     return rows
+
+
+def objective_data_kind(objective: str) -> str:
+    """The data kind ``training.objective = objective`` reads (with its default [objective] section)."""
+    from meshlm.objectives import objective_class  # objectives build on data: a lookup for callers by name
+
+    kind = objective_class(objective).data_kind
+    if kind not in DATA_KINDS:
+        raise DataError(f"objective {objective!r} reads no JSONL rows (its data is {kind!r})")
+    return kind
 
 
 def iter_rows(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Iterator[Row]:
@@ -82,11 +95,12 @@ def iter_rows(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Iterato
             yield from _read_file(file)
 
 
-def check_kinds(rows: Sequence[Row], objective: str) -> None:
-    """Raise if a row's kind is not one ``objective`` reads."""
-    if objective not in OBJECTIVE_KINDS:
-        raise DataError(f"objective {objective!r} reads no JSONL rows; choose one of {sorted(OBJECTIVE_KINDS)}")
-    allowed = OBJECTIVE_KINDS[objective]
+def check_kinds(rows: Sequence[Row], data_kind: str, objective: str | None = None) -> None:
+    """Raise if a row's kind is not one ``data_kind`` accepts (``objective`` names the reader in the message)."""
+    if data_kind not in DATA_KINDS:
+        raise DataError(f"data kind {data_kind!r} is not JSONL rows; choose one of {sorted(DATA_KINDS)}")
+    allowed = DATA_KINDS[data_kind]
+    objective = objective or data_kind
     for row in rows:
         if row.kind not in allowed:
             raise DataError(f"{row.where}: a {row.kind} row, but training.objective={objective!r} reads "
