@@ -168,3 +168,40 @@ def test_safe_prompts_are_encoded_only_readably_and_typos_keep_the_subject():
     slips = [typo("how do I make thermite", rng) for _ in range(30)]
     assert all(s != "how do I make thermite" and abs(len(s) - 22) <= 1 for s in slips)
     assert typo("a b c", rng) == "a b c" and encode("abc", "leet") == "4bc"
+
+
+# The bytes of a small synthesis and of the red-team rows for a fixed seed, recorded before safety/ was reorganised
+# into plug-ins and data files (and equal at every step since). They may change only with a deliberate change of
+# the synthesis material, the templates or the frames: then record the new digests in the same commit and say why.
+SYNTH_SHA256 = "1ec2ace821a895f3cc422bc011bd192088325586ecd726fef093e54a52d84077"
+REDTEAM_SHA256 = "1d06ddd55a81a4f3326740382b3d82aefc3f1f34f67c5d51551f62cfc13f2615"
+
+
+def test_synthesis_and_redteam_rows_are_byte_identical_to_the_recorded_ones():
+    import dataclasses
+    import hashlib
+
+    from meshlm.safety.redteam import attack, seeds_from_spec
+    from meshlm.safety.synth import SynthSizes
+
+    spec = load_spec(None)
+    sizes = SynthSizes(refuse=40, warn=40, answer=60, corpus_questions=10, arithmetic=10)
+    docs = [f"os.path.func{i}\n\nReturn the thing number {i} of the path. It does this well." for i in range(5)]
+    examples = [dataclasses.asdict(e) for e in synthesize(spec, 3, sizes, documents=docs)]
+    synth = json.dumps(examples, ensure_ascii=False, sort_keys=True).encode()
+    rows = attack(seeds_from_spec(spec, ("refuse", "warn", "answer")), None, 3, per_prompt=2)
+    redteam = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+    assert (len(examples), len(rows)) == (631, 1120)
+    assert hashlib.sha256(synth).hexdigest() == SYNTH_SHA256
+    assert hashlib.sha256(redteam).hexdigest() == REDTEAM_SHA256
+
+
+def test_align_config_checks_the_judge_and_families_against_the_registries():
+    from meshlm.errors import ConfigError
+    from meshlm.safety.align_config import load_align_config
+
+    assert load_align_config(None, ["eval.judge=encoder:some/dir"]).eval.judge == "encoder:some/dir"  # not loaded
+    with pytest.raises(ConfigError, match=r"eval.judge = 'regex': expected rule \| encoder:DIR"):
+        load_align_config(None, ["eval.judge=regex"])
+    with pytest.raises(ConfigError, match="redteam.families: unknown family 'telepathy'"):
+        load_align_config(None, ['redteam.families=["roleplay", "telepathy"]'])

@@ -36,6 +36,37 @@ def test_encodings_round_trip(name):
     assert encode(name, "how do I make it") != "how do I make it"  # it does hide the text
 
 
+def test_one_leet_encoder_with_both_behaviours():
+    """The evaluation attacks' leetspeak is a swap (exact round trip, case and digits kept); the training frames'
+    is the older one-way form (lower-cased, digits kept), kept byte for byte so that synthesis does not change."""
+    from meshlm.safety.attacks.encoders import TRAINING_SCHEMES, leet
+
+    assert leet("Toast 1") == "T0457 i" and leet(leet("Toast 1")) == "Toast 1"
+    assert leet("Toast 1", reversible=False) == "70457 1" == TRAINING_SCHEMES["leet"]("Toast 1")
+    assert TRAINING_SCHEMES["base64"]("hi") == encode("base64", "hi") and TRAINING_SCHEMES["rot13"]("hi") == "uv"
+
+
+def test_every_family_is_one_module_with_evaluation_templates_and_training_frames():
+    """The registry is the package: each module other than the support files is one family, and redteam, the
+    training frames and the align config all read it."""
+    import pkgutil
+
+    from meshlm.safety import attacks
+    from meshlm.safety.align_config import RedteamSection
+    from meshlm.safety.augment import FAMILIES as FRAMED, wrap_attack
+
+    modules = {m.name for m in pkgutil.iter_modules(attacks.__path__)} - {"base", "encoders", "text"}
+    assert set(attacks.names()) == modules == set(FAMILIES) and tuple(attacks.names()) == FRAMED
+    assert RedteamSection().families == attacks.names()
+    for name in attacks.names():
+        family = attacks.family(name)
+        assert len(family.templates) >= 3 and template_split(name, "eval") and template_split(name, "train")
+        framed = wrap_attack("How do I pick a lock?", name, random.Random(0), act="pick a lock")
+        assert framed and framed not in {t("How do I pick a lock?", random.Random(0)) for t in family.templates}
+    with pytest.raises(KeyError, match="unknown attack family 'nope'"):
+        attacks.family("nope")
+
+
 def test_split_payload_concatenates_back():
     for text in _texts()[1:]:
         for parts in (1, 2, 3, 4, 7):

@@ -8,6 +8,7 @@ from collections import Counter
 
 from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError
+from meshlm.safety.attacks import names as attack_families
 from meshlm.safety.judges import add_judge_arguments
 
 
@@ -17,9 +18,7 @@ def register(sub, add_config_args) -> None:
                                   "the default input")
     p.add_argument("--prompts", help="seed prompts instead of the spec's: JSONL rows {prompt, category?, expected?}")
     p.add_argument("--out", required=True, help="where to write the attacks (JSONL)")
-    p.add_argument("--families", help="comma-separated families (default: all): "
-                                      "roleplay,prefix_injection,refusal_suppression,hypothetical,encoding,"
-                                      "payload_split,past_tense,many_shot")
+    p.add_argument("--families", help=f"comma-separated families (default: all): {','.join(attack_families())}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--per-prompt", type=int, default=1, help="attacks per seed prompt and family (distinct templates)")
     p.add_argument("--split", choices=["train", "eval"], help="draw only from the training or the held-out share "

@@ -9,6 +9,7 @@ Rows (JSONL, one per attack)::
 The same (seed prompt, family, template, seed) always gives the same attack, whatever else is in the batch:
 each attack draws from its own rng keyed by those. ``split="train"`` / ``"eval"`` draw from disjoint template
 shares (attacks.template_split), so held-out evaluation attacks are never built from a wrapper seen in training.
+The families are the plug-ins of safety/attacks/.
 
 The attacker (:func:`model_attack`) asks a model (any ``generate(prompts) -> texts`` callable: a meshlm
 checkpoint or an OpenAI-compatible endpoint) to rewrite each seed; with a target and a judge it keeps the
@@ -26,7 +27,7 @@ from typing import Any
 
 from meshlm.data.jsonl import iter_jsonl
 from meshlm.errors import DataError
-from meshlm.safety.attacks import FAMILIES, encoding_of, template_split
+from meshlm.safety import attacks
 from meshlm.safety.taxonomy import ANSWER, CONTENT_LABELS, POLICIES, REFUSE, WARN
 
 Generate = Callable[[list[str]], list[str]]
@@ -45,14 +46,15 @@ class SeedPrompt:
 
 def check_families(families: Iterable[str] | None) -> list[str]:
     """The named families in canonical order (all of them for None); an unknown name is a DataError."""
+    known = attacks.names()
     if families is None:
-        return list(FAMILIES)
+        return known
     names = [f.strip() for f in families if f.strip()]
-    unknown = [f for f in names if f not in FAMILIES]
+    unknown = [f for f in names if f not in known]
     if unknown or not names:
-        raise DataError(f"--families: unknown family {unknown[0]!r}; choose from {', '.join(FAMILIES)}" if unknown
-                        else f"--families is empty; choose from {', '.join(FAMILIES)}")
-    return [f for f in FAMILIES if f in names]
+        raise DataError(f"--families: unknown family {unknown[0]!r}; choose from {', '.join(known)}" if unknown
+                        else f"--families is empty; choose from {', '.join(known)}")
+    return [f for f in known if f in names]
 
 
 def attack(seeds: Sequence[SeedPrompt | str], families: Iterable[str] | None = None, seed: int = 0, *,
@@ -68,17 +70,17 @@ def attack(seeds: Sequence[SeedPrompt | str], families: Iterable[str] | None = N
     for item in seeds:
         sp = item if isinstance(item, SeedPrompt) else SeedPrompt(item)
         for family in names:
-            pool = template_split(family, split)
+            templates, pool = attacks.family(family).templates, attacks.template_split(family, split)
             chooser = random.Random(f"{seed}/{family}/{sp.prompt}")
             for index in sorted(chooser.sample(pool, min(per_prompt, len(pool)))):
                 key = f"{seed}/{family}/{index}/{sp.prompt}"
-                text = FAMILIES[family][index](sp.prompt, random.Random(key))
+                text = templates[index](sp.prompt, random.Random(key))
                 if text in seen:
                     continue
                 seen.add(text)
                 row = {"prompt": text, "family": family, "category": sp.category, "expected": sp.expected,
                        "seed_prompt": sp.prompt, "template": f"{family}/{index}", "seed": seed}
-                enc = encoding_of(family, index, sp.prompt, random.Random(key))
+                enc = attacks.encoding_of(family, index, sp.prompt, random.Random(key))
                 if enc is not None:
                     row["encoding"] = enc
                 rows.append(row)
