@@ -54,7 +54,11 @@ def is_type_checking(node: ast.If) -> bool:
 def scan(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
     """(every meshlm module imported at run time, [(module, line) of those imported inside a function])."""
     here, is_package = module_name(path), path.name == "__init__.py"
-    tree = ast.parse(path.read_text(), str(path))
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except SyntaxError as exc:  # a file being edited: say so, count the rest
+        print(f"skipped {path.relative_to(ROOT.parent)}: {exc.msg} (line {exc.lineno})")
+        return [], []
     every: list[str] = []
     local: list[tuple[str, int]] = []
 
