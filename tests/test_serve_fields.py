@@ -62,7 +62,7 @@ def start_in_process(registry: Registry, refs: list[str], admin_token: str | Non
     import uvicorn
 
     async def load(entry):
-        return await asyncio.to_thread(LocalBackend.load, entry, max_tokens_cap=64, max_batch=max_batch,
+        return await asyncio.to_thread(LocalBackend.load, entry, max_tokens_cap=96, max_batch=max_batch,
                                        max_queue=32)
 
     loop = asyncio.new_event_loop()

@@ -31,6 +31,9 @@ class TokenMask(Protocol):
 
     def advance(self, token: int) -> None: ...
 
+    @property
+    def complete(self) -> bool: ...  # nothing but the end may follow
+
 
 class RowLogits:
     """One row's changes to its logits before sampling. OpenAI's penalties: logit[j] -= c[j] * frequency +
@@ -70,6 +73,10 @@ class RowLogits:
             self.counts[token] += 1
         if self.mask is not None:
             self.mask.advance(token)
+
+    @property
+    def complete(self) -> bool:
+        return self.mask is not None and self.mask.complete
 
 
 def pick_tokens(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Sequence[float],

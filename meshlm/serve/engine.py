@@ -65,8 +65,8 @@ class Sequence:
         delta = self.text.push(token)
         if delta:
             self.send(delta)
-        if self.text.stopped:
-            return self._finish("stop")
+        if self.text.stopped or (self.logits is not None and self.logits.complete):
+            return self._finish("stop")  # a stop string, or the grammar's value is complete
         if len(self.generated) >= self.max_new:
             self._finish("length")
 

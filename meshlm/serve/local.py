@@ -18,6 +18,7 @@ import torch
 
 from meshlm.errors import CheckpointError, UserError
 from meshlm.serve.engine import BatchEngine, Sequence
+from meshlm.serve.grammar import GrammarEngine
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job
 from meshlm.serve.registry import ModelVersion, verify_files
 
@@ -104,6 +105,7 @@ class LocalBackend:
         self.context = model.cfg.max_seq_len
         self.max_tokens_cap = max_tokens_cap
         self._mailbox: Mailbox | None = None
+        self.grammar = GrammarEngine(tokenizer, sorted(self.eos | self.chat_eos))
         self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
                                   name=f"engine-{ref}")
 
@@ -141,7 +143,9 @@ class LocalBackend:
         handle = LocalHandle(self.engine, self._mailbox)
         eos = self.chat_eos if job.kind == "chat" else self.eos
         echo = self._echo_text(job, prompt) if job.sampling.echo else None
-        handle.seqs = self.engine.submit_choices(prompt, max_new, job.sampling, eos, handle.put, echo=echo)
+        masks = self.grammar.masks(job.response_format, job.sampling.n) if job.response_format else None
+        handle.seqs = self.engine.submit_choices(prompt, max_new, job.sampling, eos, handle.put, echo=echo,
+                                                 masks=masks)
         return handle
 
     def status(self) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class Job:
     prompt: str | list[int] | None = None
     body: dict[str, Any] = field(default_factory=dict)
     user_hash: str | None = None
+    response_format: dict[str, Any] | None = None  # json_object / json_schema: decoded under a grammar
 
 
 @dataclass(frozen=True)

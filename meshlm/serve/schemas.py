@@ -39,6 +39,26 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = Field("response", max_length=64)
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def as_dict(self) -> dict[str, Any] | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ApiError(400, "response_format.json_schema: required when type is json_schema",
+                           param="response_format.json_schema")
+        return {"type": self.type, "json_schema": {"schema": self.json_schema.schema_} if self.json_schema else None}
+
+
 class _Common(_Strict):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -53,6 +73,7 @@ class _Common(_Strict):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
 
     def sampling(self, max_tokens: int | None, logprobs: int | None, echo: bool = False) -> Sampling:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -94,7 +115,7 @@ class CompletionRequest(_Common):
 
 # Fields whose non-default values this server cannot honour.
 _UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
-                "best_of": (None, 1), "suffix": (None,), "response_format": (None, {"type": "text"})}
+                "best_of": (None, 1), "suffix": (None,)}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -128,7 +149,7 @@ def to_job(kind: str, body: dict[str, Any], request_id: str, user_hash_of) -> tu
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in req.messages]
         return Job("chat", request_id, req.sampling(max_tokens, req.logprob_count()), messages=messages,
-                   body=body, user_hash=user_hash), req
+                   body=body, user_hash=user_hash, response_format=_format(req)), req
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -137,4 +158,8 @@ def to_job(kind: str, body: dict[str, Any], request_id: str, user_hash_of) -> tu
     if isinstance(prompt, list) and not prompt:
         raise ApiError(400, "prompt: empty", param="prompt")
     return Job("completion", request_id, req.sampling(req.max_tokens, req.logprobs, req.echo), prompt=prompt,
-               body=body, user_hash=user_hash), req
+               body=body, user_hash=user_hash, response_format=_format(req)), req
+
+
+def _format(req: _Common) -> dict[str, Any] | None:
+    return req.response_format.as_dict() if req.response_format is not None else None
