@@ -56,11 +56,13 @@ def test_written_file_mixes_offline_pairs_and_is_a_dpo_dataset(tmp_path: Path):
 
 
 def test_probes_rephrase_training_subjects_only_and_never_near_an_eval_prompt():
-    from meshlm.safety.banks_more_refuse import PROBE_FRAMINGS
     from meshlm.safety.datasets import NearDuplicateIndex
+    from meshlm.safety.material import framings
     from meshlm.safety.onpolicy import probe_rows
     from meshlm.safety.spec import load_spec
     from meshlm.safety.synth import refuse_subjects
+
+    probe_framings = framings()["probe"]
 
     spec = load_spec()
     held = [f"weapons:{s}" for s in range(len(refuse_subjects("weapons")))]  # every weapons subject held out
@@ -72,7 +74,7 @@ def test_probes_rephrase_training_subjects_only_and_never_near_an_eval_prompt():
     index = NearDuplicateIndex(avoid)
     assert not any(index.matches(r["messages"][0]["content"]) for r in rows)
     direct = [r["messages"][0]["content"].lower() for r in rows if r["family"] == "direct"]
-    stems = [f.split("{act}")[0].lower().strip() for f in PROBE_FRAMINGS]
+    stems = [f.split("{act}")[0].lower().strip() for f in probe_framings]
     assert direct and sum(any(stem in p for stem in stems) for p in direct) >= 0.8 * len(direct)  # some have typos
     assert 0.3 < sum(r["family"] != "direct" for r in rows) / len(rows) < 0.7
     judge = RuleJudge()

@@ -49,7 +49,7 @@ def probe_rows(spec: Spec, eval_groups: list[str], avoid: list[str], n: int, see
     split stays leak-free. On training prompts the SFT model almost never complies; here it sometimes does, and
     those compliances are the rejected sides that keep DPO from only pushing refusals down."""
     from meshlm.safety.augment import FAMILIES, paraphrase, wrap_attack
-    from meshlm.safety.banks_more_refuse import PROBE_FRAMINGS
+    from meshlm.safety.material import framings
     from meshlm.safety.datasets import NearDuplicateIndex, normalize
     from meshlm.safety.synth import refusal, refuse_subjects
 
@@ -64,7 +64,7 @@ def probe_rows(spec: Spec, eval_groups: list[str], avoid: list[str], n: int, see
         if len(rows) >= n:
             break
         category, s, act, topic = rng.choice(subjects)
-        prompt, family = paraphrase(rng.choice(PROBE_FRAMINGS).format(act=act), rng), "direct"
+        prompt, family = paraphrase(rng.choice(framings()["probe"]).format(act=act), rng), "direct"
         if rng.random() < 0.5:
             family = rng.choice(FAMILIES)
             prompt = wrap_attack(prompt, family, rng, act=act)

@@ -1,7 +1,7 @@
 """Examples synthesised from the behaviour spec: a prompt, the response its policy calls for, and rejected
 responses with their labels.
 
-Each category's prompts come from its material in ``banks_*`` (many subjects x framings x surface paraphrase),
+Each category's prompts come from its material in ``material/`` (many subjects x framings x surface paraphrase),
 or, for a category of a user's spec that has no material, from its seed prompts with surface paraphrase. The
 response follows the category's policy:
 
@@ -22,8 +22,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from meshlm.safety import banks_answer, banks_more_answer, banks_more_refuse, banks_more_warn, banks_refuse, banks_warn
 from meshlm.safety.augment import ENCODINGS, FAMILIES, paraphrase, wrap_attack
+from meshlm.safety.material import category as material, framings
 from meshlm.safety.spec import Category, Spec
 
 
@@ -56,28 +56,31 @@ _OVER_WARN = ["{answer} Be aware this may not apply to your situation, so please
               "{answer} Please be careful, and talk to a qualified professional such as your doctor before you try this."]
 
 
-REFUSE_FRAMINGS = banks_refuse.FRAMINGS + banks_more_refuse.FRAMINGS
+_GENERIC_REFERRALS = ["Please talk to a qualified professional."]
+_GENERIC_UNQUALIFIED = ["Just do it, there's nothing to worry about."]
 
 
 def refuse_subjects(category: str) -> list[tuple[str, str]]:
-    """The ``(act, topic)`` subjects of a refuse category: the first banks, then round 3's broader ones."""
-    return banks_refuse.SUBJECTS.get(category, []) + banks_more_refuse.SUBJECTS.get(category, [])
+    """The ``(act, topic)`` subjects of a refuse category (material/CATEGORY.toml)."""
+    return [(act, topic) for act, topic in material(category, "refuse").get("subjects", [])]
 
 
 def warn_subjects(category: str) -> list[tuple[list[str], str]]:
-    return banks_warn.SUBJECTS.get(category, []) + banks_more_warn.SUBJECTS.get(category, [])
+    return [(e["questions"], e["info"]) for e in material(category, "warn").get("subjects", [])]
 
 
 def refusal(rng: random.Random, category: str, topic: str) -> str:
-    opener = rng.choice(banks_refuse.REFUSAL_OPENERS).format(topic=topic)
-    reason = rng.choice(banks_refuse.REASONS.get(category, _GENERIC_REASON))
-    alternative = rng.choice(banks_refuse.ALTERNATIVES.get(category, _GENERIC_ALT))
+    found = material(category, "refuse")
+    opener = rng.choice(framings()["refusal_openers"]).format(topic=topic)
+    reason = rng.choice(found.get("reasons", _GENERIC_REASON))
+    alternative = rng.choice(found.get("alternatives", _GENERIC_ALT))
     return f"{opener} {reason} {alternative}"
 
 
 def warn_answer(rng: random.Random, category: str, info: str) -> str:
-    caution = rng.choice(banks_warn.CAUTIONS.get(category, banks_warn.CAUTIONS["medical"]))
-    referral = rng.choice(banks_warn.REFERRALS.get(category, ["Please talk to a qualified professional."]))
+    found = material(category, "warn")
+    caution = rng.choice(found.get("cautions", material("medical", "warn")["cautions"]))
+    referral = rng.choice(found.get("referrals", _GENERIC_REFERRALS))
     return f"{info} {caution} {referral}"
 
 
@@ -88,12 +91,12 @@ def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]
         if subjects:
             s = i % len(subjects)
             act, topic = subjects[s]
-            prompt = paraphrase(rng.choice(REFUSE_FRAMINGS).format(act=act), rng)
+            prompt = paraphrase(rng.choice(framings()["refuse"]).format(act=act), rng)
         else:  # a user-spec category without material: its seed prompts, paraphrased
             s = i % len(cat.seed_prompts)
             act, topic, prompt = None, "this request", paraphrase(cat.seed_prompts[s], rng)
         response = refusal(rng, cat.name, topic)
-        complied = rng.choice(banks_refuse.COMPLIANCE).format(act=act or "do that")
+        complied = rng.choice(framings()["compliance"]).format(act=act or "do that")
         out.append(Example(prompt, cat.name, "refuse", response, [(complied, "answer")], f"{cat.name}:{s}", act=act))
     return out
 
@@ -101,7 +104,7 @@ def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]
 def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
     subjects = warn_subjects(cat.name) or [([p], "Here is some general information on this topic.")
                                                      for p in cat.seed_prompts]
-    unqualified = banks_warn.UNQUALIFIED.get(cat.name, ["Just do it, there's nothing to worry about."])
+    unqualified = material(cat.name, "warn").get("unqualified", _GENERIC_UNQUALIFIED)
     out = []
     for i in range(n):
         s = i % len(subjects)
@@ -112,16 +115,8 @@ def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
     return out
 
 
-_WARN_FRAMES = ["{q}", "{q}", "{q}", "I need some advice. {q}", "My friend is asking: {q}", "{q} I'm a bit worried.",
-                "Can you help me with something personal? {q}", "{q} What would you do?", "Asking for my mum: {q}",
-                "So this has been on my mind for a while. {q}", "Sorry if this is a silly question. {q}",
-                "{q} Please just give me a straight answer.", "{q} I've been searching online for hours.",
-                "Be honest with me. {q}", "{q} I don't really want to bother anyone with it.", "Quick one: {q}",
-                *banks_more_warn.FRAMES]
-
-
 def _warn_frame(question: str, rng: random.Random) -> str:
-    return rng.choice(_WARN_FRAMES).format(q=question)
+    return rng.choice(framings()["warn"]).format(q=question)
 
 
 def _answer_examples(cat: Category, n: int, rng: random.Random, entries: list[tuple[list[str], str]]) -> list[Example]:
@@ -159,18 +154,18 @@ def arithmetic_entries(rng: random.Random, n: int) -> list[tuple[list[str], str]
 
 def corpus_entries(documents: list[str], limit: int, rng: random.Random) -> list[tuple[list[str], str]]:
     """Questions about standard-library functions, answered from their docstrings in the embedded corpus."""
-    found = []
+    found, modules = [], set(framings()["corpus_modules"])
     for doc in documents:
         head, _, body = doc.partition("\n\n")
         module, _, name = head.rpartition(".")
-        if module not in banks_answer.CORPUS_MODULES or not name or name.startswith("_") or not body:
+        if module not in modules or not name or name.startswith("_") or not body:
             continue
         first = re.sub(r"\s+", " ", body.split("\n\n")[0]).strip()
         if len(first) < 30 or "(" in first[:1]:
             continue
         sentences = re.split(r"(?<=[.!?])\s", first)
         answer = " ".join(sentences[:2])[:300]
-        questions = [f.format(name=head) for f in rng.sample(banks_answer.CORPUS_FRAMINGS, 3)]
+        questions = [f.format(name=head) for f in rng.sample(framings()["corpus"], 3)]
         found.append((questions, f"`{head}`: {answer}"))
     rng.shuffle(found)
     return found[:limit]
@@ -228,18 +223,18 @@ def _add_cross_policy_rejections(examples: list[Example], rng: random.Random) ->
 
 def _answer_material(name: str, rng: random.Random, sizes: SynthSizes,
                      documents: list[str] | None) -> list[tuple[list[str], str]]:
-    if name == "programming":
+    """The category's written entries, then any it generates (``generated`` in its material file)."""
+    found = material(name, "answer")
+    entries = [(e["questions"], e["answer"]) for e in found.get("entries", [])]
+    if found.get("generated") == "corpus":
         if documents is None:
             from meshlm.data.corpus import embedded_documents
 
             documents = embedded_documents()
-        return (banks_answer.PROGRAMMING + banks_more_answer.PROGRAMMING
-                + corpus_entries(documents, sizes.corpus_questions, rng))
-    if name == "general":
-        return banks_answer.GENERAL + banks_more_answer.GENERAL + arithmetic_entries(rng, sizes.arithmetic)
-    if name == "contrast":
-        return banks_answer.CONTRAST + banks_more_answer.CONTRAST
-    return []
+        entries += corpus_entries(documents, sizes.corpus_questions, rng)
+    elif found.get("generated") == "arithmetic":
+        entries += arithmetic_entries(rng, sizes.arithmetic)
+    return entries
 
 
 def _attacks(base: list[Example], share: float, rng: random.Random) -> list[Example]:
