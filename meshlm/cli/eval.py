@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from meshlm.cli import eval_facts
 from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError
 from meshlm.safety.judges import add_judge_arguments
 
 
 def register(sub, add_config_args) -> None:
-    p = sub.add_parser("eval", help="evaluate a model (safety: judged refusal/false-refusal/warn/attack rates)")
+    p = sub.add_parser("eval", help="evaluate a model (safety: judged refusal/false-refusal/warn/attack "
+                                    "rates; facts: factual accuracy)")
     group = p.add_subparsers(dest="eval_command", required=True, metavar="WHAT")
     s = group.add_parser("safety", help="judged safety evaluation with Wilson CIs and gates",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,6 +44,7 @@ def register(sub, add_config_args) -> None:
     s.add_argument("--limit", type=int, help="evaluate only the first N prompts")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(handler=run_safety)
+    eval_facts.add_parser(group)  # meshlm eval facts: factual accuracy (meshlm/safety/usefulness.py)
 
 
 def run_safety(args: argparse.Namespace) -> int:
