@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from meshlm.errors import ConfigError
+from meshlm.generate.decode import fast_forward
 from meshlm.generate.sampling import filter_logits
 
 
@@ -143,15 +144,17 @@ def unwrap(model: nn.Module) -> nn.Module:
 def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, *,
             generator: torch.Generator | None = None, device: torch.device | str = "cpu",
             all_finished: Callable[[bool], bool] | None = None, row_seeds: Sequence[int] | None = None,
-            prompt_width: int | None = None) -> Rollout:
+            prompt_width: int | None = None, fast: bool = True) -> Rollout:
     """Generate a response for every prompt, all rows decoded together with one KV cache.
 
     Stops when every row has emitted an eos (on every rank, with ``all_finished``) or after
     ``cfg.max_new_tokens``; N, the number of decode steps taken, is the responses' width. ``row_seeds`` (one per
     prompt) replaces ``generator`` by per-row inverse-CDF sampling; ``prompt_width`` fixes P (module docstring).
+    ``fast=False`` runs the model's plain forward instead of the fast decode path (meshlm/generate/decode.py).
     """
     cfg.validate()
     net = unwrap(model)
+    forward = fast_forward(net) if fast else net
     prompt_ids, prompt_mask = left_pad(prompts, cfg.pad_id, device, prompt_width)
     if row_seeds is not None and len(row_seeds) != len(prompts):
         raise ConfigError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")
@@ -165,7 +168,7 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
     mask = torch.cat([prompt_mask, torch.ones(B, cfg.max_new_tokens, dtype=torch.bool, device=device)], 1)
     next_pos = prompt_mask.long().sum(1)  # (B,) position of each row's next token
     positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
-    logits = net(prompt_ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=mask[:, :P])
+    logits = forward(prompt_ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=mask[:, :P])
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, alive = [], [], []
     for step in range(cfg.max_new_tokens):
@@ -179,6 +182,6 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
         if all_finished(done) if all_finished is not None else done:
             break
         slot = P + step
-        logits = net(tokens[-1][:, None], cache=cache, start_pos=slot, position_ids=(next_pos + step)[:, None],
-                     padding_mask=mask[:, :slot + 1])  # (B, 1, V)
+        logits = forward(tokens[-1][:, None], cache=cache, start_pos=slot,
+                         position_ids=(next_pos + step)[:, None], padding_mask=mask[:, :slot + 1])  # (B, 1, V)
     return Rollout(prompt_ids, prompt_mask, torch.stack(tokens, 1), torch.stack(alive, 1), torch.stack(logps, 1))

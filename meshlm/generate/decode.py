@@ -1,0 +1,150 @@
+"""The fast inference forward behind ``generate``, rollouts and (later) the server: the model's own forward with a
+KV cache, minus what decoding does not need.
+
+:class:`FastForward` is called exactly like :class:`~meshlm.models.llama.Transformer` with a cache —
+``(tokens, cache=, start_pos=, position_ids=, padding_mask=)`` — and returns the logits of the **last** position
+only, (B, 1, V): what sampling reads, at prefill as at each decode step (the head is the largest matmul of a
+step; at prefill the other positions' logits are never used). Everything else matches the plain forward (tests
+compare them token for token, tests/test_decode.py): the same KVCache objects, masks from the same
+:func:`~meshlm.models.llama.attention_mask`, the same RoPE tables.
+
+Where the time goes instead, per decode step (profiled on SmolLM2-135M, docs/benchmarks.md "Decoding"): a step
+is ~200 small matmuls and ~4,000 tensor ops, each with a fixed dispatch cost. The packed weights
+(meshlm/generate/packed.py) make it 4 matmuls a layer; RoPE rotates q and k in one pass from tables gathered
+once per step for all layers; the mask is built once per step and window; a decode step's attention (one query
+per row) is two batched matmuls over the cached keys, with no mask when no row is padded; residual adds ride in
+``addmm``. No shape checks or Python bookkeeping per layer beyond the ops themselves.
+
+:func:`fast_forward` returns the fast path for a model, or the model itself where it does not apply (sharded or
+pipelined models, reward heads, LoRA dropout in training mode; see packed.py); callers treat both alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshlm.generate.packed import PackedLayer, PackedModel, _inner, packed_weights, unsupported_reason
+from meshlm.models.fused import rope_tables
+from meshlm.models.llama import KVCache, Transformer, attention_mask
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """meshlm's RMSNorm over the last dim: in fp32, cast back, then the weight, which may also broadcast over
+    heads ((heads, Dh) for q/k norms). One fused op for fp32 and a (D,) weight."""
+    if x.dtype == torch.float32 and weight.dim() == 1:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).type_as(x) * weight
+
+
+class FastForward:
+    """A decoder's KV-cache forward on packed weights, last position only (module docstring)."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = _inner(model)
+        self.cfg = self.model.cfg
+
+    @property
+    def weights(self) -> PackedModel:
+        return packed_weights(self.model)  # repacked only when the model's parameters changed
+
+    def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):
+        """Full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by every layer."""
+        m = self.model
+        if position_ids is None:
+            cos, sin = m.rope_cos[start_pos:start_pos + T], m.rope_sin[start_pos:start_pos + T]  # (T, Dh/2)
+        else:
+            cos, sin = m.rope_cos[position_ids], m.rope_sin[position_ids]  # (B, T, Dh/2)
+        cos2, sin2 = rope_tables(cos, sin)
+        if cos2.dim() == 2:
+            cos2, sin2 = cos2[None], sin2[None]
+        return cos2[:, :, None, :], sin2[:, :, None, :]
+
+    def _masks(self, T: int, S: int, padding_mask: torch.Tensor | None,
+               device: torch.device) -> dict[int, torch.Tensor | None]:
+        """Window -> the boolean (B|1, 1, T, S) mask (True = attend) or None for plain causal attention."""
+        windows = {layer.window for layer in self.weights.layers}
+        return {w: attention_mask(T, S, window=w, key_mask=padding_mask, device=device) for w in windows}
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, *, cache: list[KVCache], start_pos: int = 0,
+                 position_ids: torch.Tensor | None = None,
+                 padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) at cache slots start_pos.. -> logits (B, 1, V) of the last one."""
+        B, T = tokens.shape
+        S = start_pos + T
+        if S > self.model.rope_cos.shape[0]:
+            raise ValueError(f"positions up to {S} exceed model.max_seq_len = {self.model.rope_cos.shape[0]}")
+        if len(cache) != len(self.model.layers):
+            raise ValueError(f"cache has {len(cache)} layers, model has {len(self.model.layers)}")
+        if padding_mask is not None and tuple(padding_mask.shape) != (B, S):
+            raise ValueError(f"padding_mask must be (B, S) = {(B, S)}, got {tuple(padding_mask.shape)}")
+        w = self.weights
+        cos, sin = self._rope(B, T, start_pos, position_ids)
+        masks = self._masks(T, S, padding_mask, tokens.device)
+        x = F.embedding(tokens, w.embedding).view(B * T, -1)  # (B·T, D)
+        for layer, layer_cache in zip(w.layers, cache):
+            x = self._block(x, layer, w, B, T, cos, sin, layer_cache, start_pos, masks[layer.window])
+        last = x.view(B, T, -1)[:, -1]  # (B, D)
+        return torch.mm(_rms_norm(last, w.norm, w.norm_eps), w.head)[:, None]  # (B, 1, V)
+
+    def _block(self, x: torch.Tensor, layer: PackedLayer, w: PackedModel, B: int, T: int, cos: torch.Tensor,
+               sin: torch.Tensor, cache: KVCache, start_pos: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """x (B·T, D) -> (B·T, D) through one pre-norm block."""
+        H, Hkv, Dh = w.n_heads, w.n_kv_heads, w.head_dim
+        h = _rms_norm(x, layer.attention_norm, w.norm_eps)
+        qkv = torch.mm(h, layer.wqkv) if layer.bqkv is None else torch.addmm(layer.bqkv, h, layer.wqkv)
+        qkv = qkv.view(B, T, H + 2 * Hkv, Dh)
+        qk, v = qkv[:, :, :H + Hkv], qkv[:, :, H + Hkv:]  # (B, T, H + Hkv, Dh), (B, T, Hkv, Dh)
+        if layer.qk_norm is not None:
+            qk = _rms_norm(qk, layer.qk_norm, w.norm_eps)  # per head, before RoPE (Qwen3)
+        qk = _rotate(qk, cos, sin)
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (B, H, T, Dh), (B, Hkv, T, Dh)
+        keys, values = cache.update(start_pos, k, v.transpose(1, 2))  # (B, Hkv, S, Dh)
+        out = _attention(q, keys, values, mask)  # (B, T, H·Dh)
+        x = torch.addmm(x, out.view(B * T, H * Dh), layer.wo)  # residual + attention
+        h = _rms_norm(x, layer.ffn_norm, w.norm_eps)
+        gate_up = torch.mm(h, layer.w13)  # (B·T, 2F)
+        F_ = gate_up.shape[1] // 2
+        return torch.addmm(x, F.silu(gate_up[:, :F_]) * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
+
+
+def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """RoPE (rotate_half layout) on x (B, T, heads, Dh) with full-width tables: x·cos2 + swap(x)·sin2."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos2, swapped, sin2)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B|1, 1, T, S) or None (causal) -> (B, T, H·Dh)."""
+    B, H, T, Dh = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if T == 1:  # a decode step: query head h reads kv head h // (H / Hkv); group the heads instead of repeating k/v
+        q4 = q.reshape(B, Hkv, H // Hkv, Dh)  # (B, Hkv, G, Dh)
+        scores = torch.matmul(q4, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(Dh))  # (B, Hkv, G, S)
+        if mask is not None:
+            scores.masked_fill_(~mask.view(mask.shape[0], 1, 1, S), float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, Hkv, G, Dh)
+        return out.view(B, 1, H * Dh)
+    gqa = H != Hkv
+    if mask is None:
+        if T == S:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:  # a chunk after cached tokens: causal aligned bottom-right
+            causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, enable_gqa=gqa)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return out.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, H·Dh)
+
+
+def fast_forward(model: nn.Module) -> nn.Module | FastForward:
+    """The fast KV-cache forward for ``model`` (last-position logits, module docstring), or ``model`` itself when
+    the fast path does not apply to it."""
+    if unsupported_reason(model) is not None:
+        return model
+    return FastForward(model)

@@ -1,0 +1,134 @@
+"""The fast decode path (meshlm/generate/decode.py, packed.py) against the model's plain forward: the same logits
+at prefill and at every decode step, and the same tokens from ``generate`` and ``rollout`` (greedy and seeded
+sampling, left-padded prompts of different lengths), across the architecture flags; LoRA merged; the pack
+follows in-place updates; models it cannot stand in for get their own forward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from meshlm.generate import generate
+from meshlm.generate.decode import FastForward, fast_forward
+from meshlm.generate.packed import packed_weights
+from meshlm.generate.rollout import SamplingConfig, rollout
+from meshlm.models import build_model, flavor_config
+from meshlm.models.lora import apply_lora, reset_lora_parameters
+
+# fp32 throughout. The fast path sums the same products in other groupings (q/k/v in one matmul, residual adds
+# inside addmm, attention as two matmuls): logits agree to ~1e-6 of their scale; 1e-4 absolute leaves room.
+ATOL = 1e-4
+ARCHS = {
+    "llama": {},
+    "qwen2-bias": dict(qkv_bias=True),
+    "qwen3-qknorm": dict(qk_norm=True),
+    "mistral-window": dict(sliding_window=6),
+    "untied-mha": dict(tie_embeddings=False, n_kv_heads=4),
+}
+PROMPTS = [[5, 17, 3], [9], [44, 12, 7, 10, 3, 81, 64], [20, 21]]
+
+
+def tiny(seed: int = 0, **overrides):
+    base = dict(dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=97, max_seq_len=48,
+                init_std=0.2)
+    cfg = dataclasses.replace(flavor_config("debug"), **{**base, **overrides})
+    model = build_model(cfg, "cpu", seed=seed).eval()
+    if cfg.qkv_bias:  # biases start at zero: give them values so that the test sees them
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    return model
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_equal_the_plain_forward_at_prefill_and_each_step(arch):
+    model = tiny(**ARCHS[arch])
+    fast = fast_forward(model)
+    assert isinstance(fast, FastForward)
+    ids = torch.tensor([[5, 17, 3, 42, 8, 1, 30, 2]])  # (1, 8)
+    slow_cache, fast_cache = model.new_cache(1, 20), model.new_cache(1, 20)
+    with torch.no_grad():
+        want = model(ids, cache=slow_cache, start_pos=0)[:, -1:]
+        got = fast(ids, cache=fast_cache, start_pos=0)
+        assert got.shape == (1, 1, 97)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+        for pos in range(8, 16):  # past the window of 6: the decode steps' masks matter
+            token = want[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+            want = model(token, cache=slow_cache, start_pos=pos)
+            torch.testing.assert_close(fast(token, cache=fast_cache, start_pos=pos), want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral-window"])
+def test_padded_batch_logits_equal_the_plain_forward(arch):
+    model = tiny(**ARCHS[arch])
+    cfg = SamplingConfig(max_new_tokens=10, eos_ids=(), pad_id=0, greedy=True)
+    slow = rollout(model, PROMPTS, cfg, fast=False)
+    got = rollout(model, PROMPTS, cfg)
+    assert torch.equal(got.response_ids, slow.response_ids)
+    torch.testing.assert_close(got.logprobs, slow.logprobs, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_greedy_and_seeded_sampling_match_the_plain_forward(arch):
+    model = tiny(**ARCHS[arch])
+    for prompt in PROMPTS:
+        assert generate(model, prompt, 20, greedy=True) == generate(model, prompt, 20, greedy=True, fast=False)
+        kwargs = dict(temperature=1.5, top_k=20, top_p=0.9, seed=3)
+        assert generate(model, prompt, 20, **kwargs) == generate(model, prompt, 20, fast=False, **kwargs)
+
+
+def test_rollout_seeded_sampling_and_eos_match_the_plain_forward():
+    model = tiny()
+    cfg = SamplingConfig(max_new_tokens=16, eos_ids=(7, 11), pad_id=0, temperature=1.3, top_p=0.95)
+    for kwargs in (dict(generator=torch.Generator().manual_seed(5)), dict(row_seeds=[1, 2, 3, 4])):
+        slow = rollout(model, PROMPTS, cfg, fast=False, **{k: _fresh(v) for k, v in kwargs.items()})
+        got = rollout(model, PROMPTS, cfg, **{k: _fresh(v) for k, v in kwargs.items()})
+        assert torch.equal(got.response_ids, slow.response_ids)
+        assert torch.equal(got.response_mask, slow.response_mask)
+        torch.testing.assert_close(got.logprobs, slow.logprobs, atol=ATOL, rtol=0)
+
+
+def _fresh(value):
+    """A generator with the same seed for each run (so both runs draw the same numbers)."""
+    if isinstance(value, torch.Generator):
+        return torch.Generator().manual_seed(value.initial_seed())
+    return value
+
+
+def test_lora_updates_are_merged_into_the_pack():
+    model = tiny()
+    apply_lora(model, ["q", "k", "v", "o", "gate", "up", "down"], rank=4, alpha=8.0, dropout=0.0)
+    reset_lora_parameters(model, seed=1)
+    with torch.no_grad():  # B starts at zero: make the update non-zero
+        for name, p in model.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.3)
+    model.eval()
+    assert isinstance(fast_forward(model), FastForward)
+    for prompt in PROMPTS:
+        assert generate(model, prompt, 12, greedy=True) == generate(model, prompt, 12, greedy=True, fast=False)
+
+
+def test_pack_follows_in_place_updates_and_is_reused_otherwise():
+    model = tiny()
+    first = packed_weights(model)
+    assert packed_weights(model) is first
+    before = generate(model, PROMPTS[0], 10, greedy=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-1.5)  # an optimizer step, in effect
+    assert packed_weights(model) is not first
+    after = generate(model, PROMPTS[0], 10, greedy=True)
+    assert after == generate(model, PROMPTS[0], 10, greedy=True, fast=False)
+    assert after != before
+
+
+def test_models_it_cannot_replace_keep_their_own_forward():
+    model = tiny()
+    model.output = None  # e.g. a pipeline stage, or a model whose head is not a vocabulary head
+    assert fast_forward(model) is model
+    plain = torch.nn.Linear(3, 3)
+    assert fast_forward(plain) is plain
