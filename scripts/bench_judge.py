@@ -19,19 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+from meshlm.safety import evalsets
 from meshlm.safety.judges import make_judge
 from meshlm.safety.metrics import wilson
 from meshlm.safety.taxonomy import LABELS
 
 DATA = Path(__file__).resolve().parents[1] / "meshlm" / "safety" / "data"
-SHIPPED = ("judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl", "judge_holdout3.jsonl",
-           "judge_holdout4.jsonl", "judge_probe6_vendor.jsonl", "judge_probe6_markdown.jsonl",
-           "judge_probe6_warn.jsonl", "judge_probe6_plain.jsonl", "judge_probe7.jsonl", "judge_probe8.jsonl",
-           "judge_probe9.jsonl", "judge_probe10.jsonl", "judge_probe11.jsonl",
-           "judge_probe12.jsonl", "judge_probe13.jsonl", "judge_probe14.jsonl",
-           "judge_probe15.jsonl", "judge_probe16.jsonl", "judge_probe17.jsonl", "judge_holdout5.jsonl",
-           "judge_holdout6.jsonl", "judge_holdout7.jsonl", "judge_holdout8.jsonl",
-           "judge_holdout9.jsonl", "judge_holdout10.jsonl", "judge_holdout11.jsonl")
+SHIPPED = tuple(evalsets.names("judge"))  # every labelled set of meshlm/safety/evalsets.toml, dev then sealed
 
 
 def read_labelled(path: Path) -> list[dict]:

@@ -212,16 +212,16 @@ def test_resolve_encoder(tmp_path, monkeypatch, tiny_encoder):
 
 
 def test_shipped_training_rows_leave_out_the_test_sets():
-    data = Path(__file__).resolve().parents[1] / "meshlm" / "safety" / "data"
+    """`shipped` is every dev set of the manifest less its unclear rows; no sealed set is read."""
+    from meshlm.safety import evalsets
 
-    def count(paths):
-        return sum(1 for p in paths for line in p.read_text().splitlines() if line.strip())
-
+    dev = evalsets.sets("judge", "dev")
     rows = shipped_training_rows()
-    every = sorted(data.glob("judge_*.jsonl"))
-    tests = [p for p in every if p.name in TEST_SETS]
-    unclear = sum(1 for p in every if p not in tests for line in p.read_text().splitlines() if '"unclear"' in line)
-    assert tests and unclear and len(rows) == count(every) - count(tests) - unclear > 900
+    every = [json.loads(line) for s in dev for line in s.path.read_text().splitlines() if line.strip()]
+    unclear = sum(r["label"] == "unclear" for r in every)
+    assert TEST_SETS and not set(TEST_SETS) & {s.file for s in dev}
+    assert set(TEST_SETS) >= {"judge_sealed_writer_e.jsonl", "judge_sealed_writer_f.jsonl", "judge_sealed_writer_g.jsonl"}
+    assert unclear and len(rows) == len(every) - unclear == sum(s.rows for s in dev) - unclear > 900
     assert {r["label"] for r in rows} == {"refuse", "warn", "answer"}
 
 

