@@ -669,3 +669,43 @@ def test_rule_judge_structural_cues_of_holdout8():
     got = RuleJudge().label(list(prompts), list(responses))
     wrong = [(p, want, have) for p, want, have in zip(prompts, labels, got) if want != have]
     assert not wrong, wrong
+
+
+def test_a_judge_plug_in_is_one_class_and_the_cli_takes_its_flags(tmp_path, capfd):
+    """A judge registered by one class is found by name, reads its own flag, and gets degenerate text labelled
+    unclear before its own classify ever sees it."""
+    from meshlm.safety import judges
+    from meshlm.safety.judges.base import Flag, Judge
+
+    seen: list[str] = []
+
+    @judges.register
+    class WordJudge(Judge):
+        kind, arg = "word", "WORD"
+        flags = (Flag("--word-label", "the label of a response that contains WORD"),)
+
+        def __init__(self, word: str, hit: str) -> None:
+            self.word, self.hit, self.name = word, hit, f"word:{word}"
+
+        def classify(self, prompts, responses):
+            seen.extend(responses)
+            return [self.hit if self.word in r else "answer" for r in responses]
+
+        @classmethod
+        def load(cls, arg, options):
+            return cls(arg, options["word_label"] or "refuse")
+
+    try:
+        assert "word:WORD" in judges.forms()
+        src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        src.write_text("".join(json.dumps({"prompt": "q", "response": r}) + "\n"
+                               for r in ["nope, no way", "Paris is the capital.", "🙂🙂🙂🙂"]))
+        code, stdout, _ = _cli(capfd, "judge", str(src), "--out", str(out), "--judge", "word:nope",
+                               "--word-label", "warn", "--json")
+        assert code == 0 and json.loads(stdout)["judge"] == "word:nope"
+        assert [json.loads(line)["label"] for line in out.read_text().splitlines()] == ["warn", "answer", "unclear"]
+        assert seen == ["nope, no way", "Paris is the capital."]  # the emoji run never reached the plug-in
+        with pytest.raises(UserError, match="expected rule"):
+            make_judge("word")  # its ARG is required
+    finally:
+        judges._KINDS.pop("word", None)
