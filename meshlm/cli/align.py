@@ -13,6 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
+from meshlm.cli.align_constitutional import add_parser as add_constitutional
 from meshlm.cli.jsonout import emit
 
 COMMANDS_HELP = "data,constitutional"
@@ -66,12 +67,7 @@ def register(sub, add_config_args) -> None:
                                         "in addition to every shipped held-out file (safety/data/heldout_prompts*)")
     data.add_argument("--json", action="store_true", help="print the manifest as JSON")
     data.set_defaults(handler=run_data)
-    try:
-        from meshlm.safety.constitutional import add_parser as add_constitutional
-    except ImportError:  # the module may not be installed in a partial checkout
-        add_constitutional = None
-    if add_constitutional is not None:
-        add_constitutional(cmds)
+    add_constitutional(cmds)
     pipeline = argparse.ArgumentParser(prog="meshlm align", add_help=False)
     _add_pipeline_args(pipeline, with_config=True)
     action = p.add_argument("target", nargs=argparse.PARSER, action=_ConfigOrCommand, commands=cmds.choices,
