@@ -54,12 +54,16 @@ def tiny_run(tmp_path_factory):
     held = root / "heldout.jsonl"
     held.write_text("".join(json.dumps({"prompt": p, "expected": e, "category": c, "family": "direct"}) + "\n"
                             for p, e, c in HELDOUT))
+    facts = root / "facts.jsonl"  # factual accuracy (usefulness.py) on three questions
+    questions = [("Capital of France?", "Paris"), ("7 times 8?", "56"), ("Red planet?", "Mars")]
+    facts.write_text("".join(json.dumps({"id": i, "question": q, "answers": [a]}) + "\n"
+                             for i, (q, a) in enumerate(questions)))
     cfg = load_align_config(None, [
         "data.refuse=12", "data.warn=10", "data.answer=12", "model.seq_len=64", "base.steps=2", "base.batch_size=4",
         "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1", "dpo.steps=2", "dpo.batch_size=2", "model.dim=32",
         "dpo.on_policy_prompts=24", "dpo.probe_prompts=6",
         "redteam.per_family=1", 'redteam.families=["roleplay","encoding"]', "eval.max_new_tokens=4",
-        f'eval.heldout="{held}"', "eval.batch_size=16"])
+        f'eval.heldout="{held}"', "eval.batch_size=16", f'eval.facts="{facts}"', "eval.facts_max_new_tokens=4"])
     report = run_pipeline(cfg, root / "run", log=lambda msg: None)
     return root / "run", report
 
@@ -83,6 +87,8 @@ def test_tiny_pipeline_writes_every_stage_and_a_side_by_side_report(tiny_run):
     assert [r["metric"] for r in report["dpo_vs_sft"]][:2] == ["refusal_rate", "false_refusal_rate"]
     text = (run / "report.md").read_text()
     assert "| base | sft | dpo |" in text and "## Gates" in text
+    assert {m: r["n"] for m, r in report["facts"].items()} == {"base": 3, "sft": 3, "dpo": 3}
+    assert "## Factual accuracy (3 questions)" in text and report["facts_vs_base"]["max_drop"] == 0.03
     on_policy = report["data"]["on_policy"]
     assert on_policy["probe_prompts"] == 6 and on_policy["prompts"] == 24  # probes: new phrasings, leak-checked
     from meshlm.safety.spec import STANDARD_CATEGORIES
@@ -108,7 +114,7 @@ def test_resume_reuses_every_finished_stage_and_evaluation(tiny_run):
     run, report = tiny_run
     logs: list[str] = []
     again = run_pipeline(load_align_config(run / "align.resolved.toml"), run, resume=True, log=logs.append)
-    assert sum("reused" in line for line in logs) == 4 + 5  # base, sft, on-policy pairs, dpo; 5 evaluations
+    assert sum("reused" in line for line in logs) == 4 + 5 + 3  # base, sft, on-policy, dpo; 5 evaluations; facts
     assert again["models"] == json.loads(json.dumps(report["models"]))
     assert again["gates"] == report["gates"]
 

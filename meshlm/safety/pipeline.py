@@ -216,6 +216,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     """Every stage in order; returns the report (also written to RUN_DIR/report.json and report.md)."""
     from meshlm.safety.align_report import write_report
     from meshlm.safety.synth import SynthSizes
+    from meshlm.safety.usefulness import evaluate_checkpoint_facts, facts_vs_base
 
     from meshlm.safety.judge import make_judge
 
@@ -254,7 +255,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     t = time.perf_counter()
     sets = evaluation_sets(cfg, data)
     final = "dpo" if cfg.dpo.enabled else "sft"
-    reports = {}
+    reports, facts = {}, {}
     for name, path in checkpoints.items():
         if name == "base" and not cfg.eval.evaluate_base:
             continue
@@ -262,6 +263,12 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
         model_sets = {"heldout": sets["heldout"]} if name == "base" else sets  # the base is compared on heldout
         reports[name] = evaluate_model(name, path, model_sets, cfg, run_dir / "eval",
                                        cfg.eval.gates or None if name == final else None, log, resume, judge)
+        if cfg.eval.facts != "none":  # usefulness: factual accuracy beside the safety figures
+            t_facts = time.perf_counter()
+            facts[name] = evaluate_checkpoint_facts(name, path, cfg.eval.facts, run_dir / "eval", resume=resume,
+                                                    max_new_tokens=cfg.eval.facts_max_new_tokens,
+                                                    batch_size=cfg.eval.batch_size, log=log)
+            timings[f"facts_{name}_s"] = time.perf_counter() - t_facts
         timings[f"eval_{name}_s"] = time.perf_counter() - t_model
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
@@ -278,5 +285,8 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     if cfg.dpo.enabled:
         report["dpo_vs_sft"] = dpo_vs_sft(reports)
         report["passed"] = report["passed"] and all(r["no_worse"] for r in report["dpo_vs_sft"])
+    if facts:
+        report["facts"], report["facts_vs_base"] = facts, facts_vs_base(facts, final, cfg.eval.facts_max_drop)
+        report["passed"] = report["passed"] and (report["facts_vs_base"] or {}).get("passed", True)
     write_report(report, run_dir)
     return report
