@@ -1,6 +1,6 @@
 """GGUF files (llama.cpp, ollama, LM Studio) in: ``convert_from_gguf`` writes a meshlm run directory.
 
-The file is memory-mapped by the ``gguf`` package's reader; the model config comes from its metadata
+The file's header is parsed by :mod:`meshlm.interop.gguf_file`; the model config comes from its metadata
 (``{arch}.block_count``, ``embedding_length``, ...), and each tensor is dequantised to fp32 (every type
 ``gguf.quants.dequantize`` handles: F32, F16, BF16, Q4_0 ... Q8_0, the K-quants, the IQ types) only when DCP
 writes it, through the same streaming planner ``convert from-hf`` uses — so converting holds one tensor at a
@@ -57,7 +57,7 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise CheckpointError(f"{source}: architecture {arch!r} (general.architecture) is not supported; meshlm "
-                              f"converts {', '.join(ARCHITECTURES)}")
+                              f"converts {', '.join(ARCHITECTURES)} (llama.cpp writes Mistral models as llama)")
 
     def req(key: str) -> int:
         value = meta.get(f"{arch}.{key}")

@@ -2,12 +2,15 @@
 
 Names: llama.cpp calls ``layers.3.attention.wq.weight`` ``blk.3.attn_q.weight`` (and so on, one to one).
 
-Q/K row order: llama.cpp's convert script reorders the rows of the q and k projections of ``llama``-architecture
-models (Mistral is written as ``llama`` too) from the rotate-half RoPE layout meshlm and Hugging Face use, where
-a head's first half of rows pairs with its second half, to the interleaved layout its kernels expect, where rows
-2i and 2i+1 pair. ``qwen2`` and ``qwen3`` files keep the rotate-half order (llama.cpp runs them with NeoX-style
-RoPE). transformers' GGUF loader undoes the reordering for ``general.architecture = "llama"`` only, so a file that
-says ``mistral`` is read unpermuted, as transformers reads it.
+Architectures: ``llama``, ``qwen2``, ``qwen3``. llama.cpp has no ``mistral`` architecture: its convert script
+writes Mistral (and Llama 2/3, SmolLM) models as ``llama`` (transformers' GGUF loader, too, reads no other name
+for them).
+
+Q/K row order: llama.cpp's convert script reorders the rows of the q and k projections of ``llama`` models from
+the rotate-half RoPE layout meshlm and Hugging Face use, where a head's first half of rows pairs with its second
+half, to the interleaved layout its kernels expect, where rows 2i and 2i+1 pair. ``qwen2`` and ``qwen3`` files
+keep the rotate-half order (llama.cpp runs them with NeoX-style RoPE); transformers' GGUF loader undoes the
+reordering for ``llama`` only, as meshlm does.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from meshlm.models.family import DECODER
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 PERMUTED_ARCHITECTURES = ("llama",)
 
 # meshlm name -> llama.cpp name, from the family spec (meshlm/models/family.py). Per layer (layers.<i> / blk.<i>),
