@@ -1,4 +1,5 @@
-"""``meshlm bench train``: tokens/s, achieved FLOP/s, the matmul peak and MFU for a flavour."""
+"""``meshlm bench train``: tokens/s, achieved FLOP/s, the matmul peak and MFU for a flavour.
+``meshlm bench generate``: decoding tokens/s, time to first token and ms per step of a checkpoint."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from meshlm.cli.jsonout import emit
 
 def register(sub, add_config_args) -> None:
     p = sub.add_parser("bench", help="benchmarks")
-    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{train}")
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{train,generate}")
     t = bsub.add_parser("train", help="time training steps on synthetic tokens")
     t.add_argument("--flavor", default="debug")
     t.add_argument("--batch", type=int, default=8)
@@ -23,6 +24,24 @@ def register(sub, add_config_args) -> None:
                    help="also run transformers' LlamaForCausalLM with the same dimensions and report the ratio")
     t.add_argument("--json", action="store_true")
     t.set_defaults(handler=run)
+    _register_generate(bsub)
+
+
+def _register_generate(bsub) -> None:
+    g = bsub.add_parser("generate", help="time greedy decoding of a checkpoint (exactly N new tokens a row)")
+    g.add_argument("--checkpoint", required=True, help="a run directory (newest valid checkpoint) or a step folder")
+    g.add_argument("--batch", type=int, default=1, help="rows decoded together")
+    g.add_argument("--prompt-len", type=int, default=32, help="tokens per prompt (random ids, seeded)")
+    g.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row (eos ignored)")
+    g.add_argument("--repeats", type=int, default=3, help="timed runs (the median is reported)")
+    g.add_argument("--warmup", type=int, default=1)
+    g.add_argument("--plain", action="store_true", help="the model's plain forward instead of the fast decode path")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--compare-hf", action="store_true",
+                   help="also run transformers' generate on the same weights; report the ratio and whether the "
+                        "greedy tokens are identical")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(handler=run_generate)
 
 
 def _default_device() -> str:
@@ -49,4 +68,37 @@ def run(args: argparse.Namespace) -> int:
     if "ratio_to_hf" in r:
         print(f"  transformers LlamaForCausalLM: {r['hf_tokens_per_s']:,.0f} tokens/s; meshlm/HF = "
               f"{r['ratio_to_hf']:.2f}")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from meshlm.errors import CheckpointError, ConfigError
+
+    if min(args.batch, args.prompt_len, args.new_tokens, args.repeats) < 1 or args.warmup < 0:
+        raise ConfigError("--batch, --prompt-len, --new-tokens and --repeats must be at least 1, --warmup at least 0")
+    from meshlm.checkpoint.load import model_from_checkpoint
+    from meshlm.generate.bench import bench_generate
+
+    device = args.device or _default_device()
+    model, cfg, _, ckpt = model_from_checkpoint(args.checkpoint, device)
+    if getattr(model.output, "out_features", None) != cfg.model.vocab_size:
+        raise CheckpointError(f"{ckpt} has no vocabulary head (a reward model's score head?): it cannot generate; "
+                              "pass a policy checkpoint")
+    r = bench_generate(model, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                       repeats=args.repeats, warmup=args.warmup, compare_hf=args.compare_hf, fast=not args.plain,
+                       device=device)
+    r["checkpoint"] = str(ckpt)
+    if args.json:
+        emit(r)
+        return 0
+    print(f"{ckpt} ({r['params'] / 1e6:.1f}M params, {r['dtype']}) batch {r['batch']}, prompt {r['prompt_len']}, "
+          f"{r['new_tokens']} new tokens, {'plain forward' if args.plain else 'fast path'}, {r['device']} "
+          f"({r['num_threads']} threads)")
+    print(f"  {r['tokens_per_s']:,.1f} tokens/s, first token {1e3 * r['time_to_first_token_s']:.1f} ms, "
+          f"{r['ms_per_step']:.1f} ms per decode step (bandwidth bound {r['bandwidth_bound_ms_per_step']:.1f} ms: "
+          f"{r['weight_bytes'] / 1e6:.0f} MB at {r['copy_bytes_per_s'] / 1e9:.1f} GB/s)")
+    if args.compare_hf:
+        print(f"  transformers generate: {r['hf_tokens_per_s']:,.1f} tokens/s, {r['hf_ms_per_step']:.1f} ms per step; "
+              f"meshlm/HF = {r['ratio_to_hf']:.2f}; greedy tokens identical: {r['hf_identical']} "
+              f"({r['hf_identical_rows']}/{r['batch']} rows)")
     return 0

@@ -134,6 +134,11 @@ def row_uniforms(row_seeds: Sequence[int], steps: int, device: torch.device | st
     return torch.stack(rows).to(device)
 
 
+# Decode steps between checks that every row has ended: each check waits for the device (a host sync), free on
+# CPU. Steps past the end only decode pads; the responses are cut back to where the last row ended.
+STOP_CHECK_EVERY = {"cuda": 8}
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The module to call for generation: DDP's wrapper only adds gradient bookkeeping (FSDP2 modules are called
     as they are: their hooks gather the parameters)."""
@@ -148,7 +153,8 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
     """Generate a response for every prompt, all rows decoded together with one KV cache.
 
     Stops when every row has emitted an eos (on every rank, with ``all_finished``) or after
-    ``cfg.max_new_tokens``; N, the number of decode steps taken, is the responses' width. ``row_seeds`` (one per
+    ``cfg.max_new_tokens``; N, the number of tokens up to where the last row ended (with ``all_finished``: the
+    steps taken, the same on every rank), is the responses' width. ``row_seeds`` (one per
     prompt) replaces ``generator`` by per-row inverse-CDF sampling; ``prompt_width`` fixes P (module docstring).
     ``fast=False`` runs the model's plain forward instead of the fast decode path (meshlm/generate/decode.py).
     """
@@ -165,12 +171,16 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
                           f"model.max_seq_len = {net.cfg.max_seq_len}; shorten the prompts or lower max_new_tokens")
     eos = torch.tensor(sorted(set(cfg.eos_ids)), dtype=torch.long, device=device)
     cache = net.new_cache(B, P + cfg.max_new_tokens, device=device)
+    # No row padded (one prompt, or prompts of one length): positions follow the slots, no mask is needed.
+    dense = bool(prompt_mask.all())
     mask = torch.cat([prompt_mask, torch.ones(B, cfg.max_new_tokens, dtype=torch.bool, device=device)], 1)
     next_pos = prompt_mask.long().sum(1)  # (B,) position of each row's next token
     positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
-    logits = forward(prompt_ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=mask[:, :P])
+    logits = forward(prompt_ids, cache=cache, start_pos=0, position_ids=None if dense else positions,
+                     padding_mask=None if dense else mask[:, :P])
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, alive = [], [], []
+    check_every = STOP_CHECK_EVERY.get(torch.device(device).type, 1) if eos.numel() else cfg.max_new_tokens
     for step in range(cfg.max_new_tokens):
         u = uniforms[:, step] if uniforms is not None else None
         token, logp = sample_tokens(logits[:, -1], cfg, generator, u)  # (B,) each
@@ -178,10 +188,15 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
         tokens.append(torch.where(finished, cfg.pad_id, token))
         logps.append(torch.where(finished, 0.0, logp))
         finished = finished | torch.isin(token, eos)
-        done = bool(finished.all()) or step + 1 == cfg.max_new_tokens
-        if all_finished(done) if all_finished is not None else done:
-            break
+        if (step + 1) % check_every == 0 or step + 1 == cfg.max_new_tokens:
+            done = bool(finished.all()) or step + 1 == cfg.max_new_tokens
+            if all_finished(done) if all_finished is not None else done:
+                break
         slot = P + step
         logits = forward(tokens[-1][:, None], cache=cache, start_pos=slot,
-                         position_ids=(next_pos + step)[:, None], padding_mask=mask[:, :slot + 1])  # (B, 1, V)
-    return Rollout(prompt_ids, prompt_mask, torch.stack(tokens, 1), torch.stack(alive, 1), torch.stack(logps, 1))
+                         position_ids=None if dense else (next_pos + step)[:, None],
+                         padding_mask=None if dense else mask[:, :slot + 1])  # (B, 1, V)
+    alive_cols = torch.stack(alive, 1)
+    width = alive_cols.shape[1] if all_finished is not None else int(alive_cols.any(0).sum())
+    return Rollout(prompt_ids, prompt_mask, torch.stack(tokens, 1)[:, :width], alive_cols[:, :width],
+                   torch.stack(logps, 1)[:, :width])

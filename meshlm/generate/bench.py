@@ -1,0 +1,162 @@
+"""``meshlm bench generate``: decoding speed of a checkpoint, and transformers' ``generate`` on the same weights.
+
+Every row gets exactly N new tokens (no eos: ``eos_ids`` is empty for meshlm, HF's eos is unset and
+``min_new_tokens = N``), greedy, from B prompts of P random ids (seeded). A timed run is the rollout sampler
+(meshlm/generate/rollout.py) end to end: prefill, N samples, N − 1 decode steps. Time to first token is a run of
+N = 1 (prefill + one sample); a decode step is (full − first) / (N − 1). Runs alternate between the contenders
+(a, b, a, b, ...) so that a shared machine's load falls on both alike; figures are medians.
+
+The bandwidth bound: a decode step reads every weight once, so it cannot beat weight bytes ÷ the memory copy
+rate measured here (read + write bytes of a 256 MiB ``copy_`` per second).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from meshlm.errors import CheckpointError, ConfigError
+from meshlm.generate.rollout import SamplingConfig, rollout
+
+COPY_BYTES = 256 * 2**20
+
+
+def copy_rate(device: torch.device, nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """Bytes moved per second (read + write) by the best of ``repeats`` copies of an ``nbytes`` fp32 tensor."""
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first copy also faults the pages in
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def synthetic_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """(B, P) int64 ids drawn uniformly from [0, vocab) by a seeded generator."""
+    return torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+
+
+def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: torch.device
+                  ) -> Callable[[int], torch.Tensor]:
+    """new_tokens -> (B, N) greedy ids from meshlm's rollout sampler."""
+    rows = prompts.tolist()
+
+    def run(new_tokens: int) -> torch.Tensor:
+        cfg = SamplingConfig(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, greedy=True)
+        return rollout(model, rows, cfg, device=device, fast=fast).response_ids
+
+    return run
+
+
+def hf_model_from(model: nn.Module) -> nn.Module:
+    """transformers' model of the same architecture holding a copy of ``model``'s weights (eval mode)."""
+    from meshlm.interop.hf import hf_name
+    from meshlm.interop.hf_config import transformers_model
+
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError("--compare-hf needs the transformers package (pip install transformers)") from None
+    param = next(model.parameters())
+    hf = transformers_model(model.cfg).to(device=param.device, dtype=param.dtype).eval()
+    state = {hf_name(k): v for k, v in model.state_dict().items()
+             if not (model.cfg.tie_embeddings and k == "output.weight")}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise CheckpointError(f"the checkpoint does not map onto transformers' model: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    return hf
+
+
+def hf_runner(hf: nn.Module, prompts: torch.Tensor, device: torch.device) -> Callable[[int], torch.Tensor]:
+    """new_tokens -> (B, N) greedy ids from transformers' ``generate`` (no eos, exactly N tokens)."""
+    from transformers import GenerationConfig
+
+    ids = prompts.to(device)
+    attention = torch.ones_like(ids)
+
+    def run(new_tokens: int) -> torch.Tensor:
+        cfg = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                               eos_token_id=None, pad_token_id=0, use_cache=True)
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=attention, generation_config=cfg)
+        return out[:, ids.shape[1]:].cpu()
+
+    return run
+
+
+def _timed(run: Callable[[int], torch.Tensor], new_tokens: int, device: torch.device) -> tuple[float, torch.Tensor]:
+    _sync(device)
+    start = time.perf_counter()
+    out = run(new_tokens)
+    _sync(device)
+    return time.perf_counter() - start, out
+
+
+def time_runners(runners: list[Callable[[int], torch.Tensor]], new_tokens: int, repeats: int, warmup: int,
+                 device: torch.device) -> list[dict[str, Any]]:
+    """Median full-run and first-token times of each runner (alternating), and each one's last output."""
+    for _ in range(warmup):
+        for run in runners:
+            run(new_tokens)
+    full: list[list[float]] = [[] for _ in runners]
+    first: list[list[float]] = [[] for _ in runners]
+    outputs: list[torch.Tensor | None] = [None] * len(runners)
+    for _ in range(repeats):
+        for i, run in enumerate(runners):
+            seconds, outputs[i] = _timed(run, new_tokens, device)
+            full[i].append(seconds)
+            first[i].append(_timed(run, 1, device)[0])
+    return [{"full_s": statistics.median(f), "first_token_s": statistics.median(t), "ids": out}
+            for f, t, out in zip(full, first, outputs)]
+
+
+def _figures(timing: dict[str, Any], batch: int, new_tokens: int) -> dict[str, float]:
+    full, first = timing["full_s"], timing["first_token_s"]
+    step = (full - first) / (new_tokens - 1) if new_tokens > 1 else float("nan")
+    return {"tokens_per_s": batch * new_tokens / full, "time_to_first_token_s": first, "ms_per_step": 1e3 * step,
+            "total_s": full}
+
+
+def bench_generate(model: nn.Module, *, batch: int, prompt_len: int, new_tokens: int, repeats: int = 3,
+                   warmup: int = 1, compare_hf: bool = False, fast: bool = True,
+                   device: str | torch.device = "cpu", seed: int = 0) -> dict[str, Any]:
+    """The figures of the module docstring for ``model`` (a meshlm decoder on ``device``), and HF's beside them."""
+    dev = torch.device(device)
+    cfg = model.cfg
+    if prompt_len + new_tokens > cfg.max_seq_len:
+        raise ConfigError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} exceed the model's context "
+                          f"(model.max_seq_len = {cfg.max_seq_len}); lower one of them")
+    prompts = synthetic_prompts(batch, prompt_len, cfg.vocab_size, seed)
+    runners = [meshlm_runner(model, prompts, fast, dev)]
+    if compare_hf:
+        runners.append(hf_runner(hf_model_from(model), prompts, dev))
+    timings = time_runners(runners, new_tokens, repeats, warmup, dev)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head counts once
+    rate = copy_rate(dev)
+    result: dict[str, Any] = {
+        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats, "fast": fast,
+        "device": str(dev), "num_threads": torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype),
+        "params": model.num_params(), "weight_bytes": weight_bytes, "copy_bytes_per_s": rate,
+        "bandwidth_bound_ms_per_step": 1e3 * weight_bytes / rate, **_figures(timings[0], batch, new_tokens)}
+    if compare_hf:
+        hf = _figures(timings[1], batch, new_tokens)
+        mine, theirs = timings[0]["ids"].cpu(), timings[1]["ids"]
+        same = mine == theirs
+        result.update({f"hf_{k}": v for k, v in hf.items()})
+        result.update(ratio_to_hf=result["tokens_per_s"] / hf["tokens_per_s"], hf_identical=bool(same.all()),
+                      hf_identical_rows=int(same.all(dim=1).sum()))
+    return result
