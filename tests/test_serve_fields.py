@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ def start_in_process(registry: Registry, refs: list[str], admin_token: str | Non
     for ref in refs:
         asyncio.run_coroutine_threadsafe(router.serve(ref), loop).result(120)
     audit = NullAudit()
-    server = Server(router, audit, admin_token, log=lambda line: None)
+    server = Server(router, audit, admin_token, log=lambda line: print(line, file=sys.stderr))  # pytest keeps it
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

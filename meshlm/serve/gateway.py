@@ -89,7 +89,8 @@ class RemoteBackend:
         if max_tokens is not None and max_tokens > self.max_tokens_cap:
             raise ApiError(400, f"max_tokens {max_tokens} is above this server's cap of {self.max_tokens_cap}",
                            param="max_tokens", code="max_tokens_above_cap")
-        for field_, asked in (("n", job.sampling.n > 1), ("logprobs", job.sampling.logprobs is not None)):
+        for field_, asked in (("n", job.sampling.n > 1), ("logprobs", job.sampling.logprobs is not None),
+                              ("tools", job.tools is not None)):
             if asked:  # this relay reads one choice's text; the upstream may not compute these the same way
                 raise ApiError(400, f"{field_} is not relayed to an endpoint version ({self.ref}); ask the endpoint "
                                     "directly", param=field_, code="unsupported_parameter")

@@ -9,6 +9,7 @@ context is a 400, never a failure halfway.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +22,7 @@ from meshlm.serve.engine import BatchEngine, Sequence
 from meshlm.serve.grammar import GrammarEngine
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job
 from meshlm.serve.registry import ModelVersion, verify_files
+from meshlm.serve.tools import encode_with_tools
 
 
 class Mailbox:
@@ -159,6 +161,9 @@ class LocalBackend:
         tok = self.tokenizer
         if job.kind == "chat":
             try:
+                if job.tools is not None:
+                    self._check_no_specials(job.tools)
+                    return encode_with_tools(self.template, job.messages, job.tools, "messages")
                 return self.template.encode_prompt(job.messages, where="messages")
             except UserError as exc:  # e.g. an HF template that refuses a role order
                 raise ApiError(400, f"the chat template refused these messages ({type(exc).__name__})",
@@ -174,6 +179,13 @@ class LocalBackend:
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         return ids
+
+    def _check_no_specials(self, tools: list[dict[str, Any]]) -> None:
+        """Tool definitions reach the template as markup: a special token's text inside them would become that
+        token (a forged end of turn), so refuse it."""
+        text = json.dumps(tools, ensure_ascii=False)
+        if any(s in text for s in self.tokenizer.special_ids):
+            raise ApiError(400, "tools: a tool definition contains a special token's text", param="tools")
 
     def _check_bias(self, sampling) -> None:
         bad = [t for t, _ in sampling.logit_bias if not 0 <= t < self.tokenizer.vocab_size]

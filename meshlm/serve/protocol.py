@@ -68,6 +68,7 @@ class Job:
     body: dict[str, Any] = field(default_factory=dict)
     user_hash: str | None = None
     response_format: dict[str, Any] | None = None  # json_object / json_schema: decoded under a grammar
+    tools: list[dict[str, Any]] | None = None  # chat: functions the template renders; calls parsed from the answer
 
 
 @dataclass(frozen=True)

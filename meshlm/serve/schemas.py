@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshlm.serve.protocol import ApiError, Job, Sampling
+from meshlm.serve.tools import call_format, check_tools
 
 MAX_BODY_BYTES = 8 << 20
 
@@ -27,12 +28,24 @@ class TextPart(_Strict):
 
 
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None only beside an assistant's tool_calls
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls (passed to the template)
+    tool_call_id: str | None = None  # a tool result answers this call
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls is not None:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class StreamOptions(_Strict):
@@ -100,6 +113,8 @@ class ChatRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -114,8 +129,7 @@ class CompletionRequest(_Common):
 
 
 # Fields whose non-default values this server cannot honour.
-_UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
-                "best_of": (None, 1), "suffix": (None,)}
+_UNSUPPORTED = {"functions": (None, []), "function_call": (None, "none"), "best_of": (None, 1), "suffix": (None,)}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -146,10 +160,18 @@ def to_job(kind: str, body: dict[str, Any], request_id: str, user_hash_of) -> tu
     user_hash = user_hash_of(req.user)
     if isinstance(req, ChatRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in req.messages]
+        messages = [m.as_dict() for m in req.messages]
+        tools = req.tools if req.tools and req.tool_choice != "none" else None
+        response_format = _format(req)
+        if tools is not None:
+            check_tools(tools, req.tool_choice)
+            forced = call_format(tools, req.tool_choice)
+            if forced is not None and response_format is not None:
+                raise ApiError(400, "response_format and a required tool_choice both constrain the answer; give one",
+                               param="response_format")
+            response_format = forced or response_format
         return Job("chat", request_id, req.sampling(max_tokens, req.logprob_count()), messages=messages,
-                   body=body, user_hash=user_hash, response_format=_format(req)), req
+                   body=body, user_hash=user_hash, response_format=response_format, tools=tools), req
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:

@@ -28,6 +28,7 @@ from meshlm.serve.protocol import ApiError, Delta, Failed, Finished, Handle, Tok
 from meshlm.serve.rollout import Router
 from meshlm.serve.sanitize import sanitize
 from meshlm.serve.schemas import parse_body, to_job
+from meshlm.serve.tools import parse_tool_calls
 
 
 def log_line(message: str) -> None:
@@ -51,6 +52,7 @@ class Exchange:
     prompt: Any = None
     n: int = 1
     logprobs: int | None = None  # None: the client asked for no log-probs
+    tool_names: list[str] | None = None  # chat with tools: answers are searched for calls of these
     texts: dict[int, list[str]] = field(default_factory=dict)  # choice -> its text pieces
     tokens: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # choice -> its tokens' log-probs
     ends: dict[int, Finished] = field(default_factory=dict)  # choice -> how it ended
@@ -154,6 +156,7 @@ class Server:
             ex.prompt = job.messages if kind == "chat" else job.prompt
             ex.user_hash = job.user_hash
             ex.n, ex.logprobs = job.sampling.n, job.sampling.logprobs
+            ex.tool_names = [t["function"]["name"] for t in job.tools] if job.tools else None
             backend = self.router.route(req.model, job.user_hash, ex.request_id)
             ex.version = backend.ref
             handle = await backend.submit(job)
@@ -210,12 +213,18 @@ class Server:
                     yield _event(self._chunk(ex, i, {"role": "assistant", "content": ""}))
             async for event in handle.events():
                 self._note(ex, event)
-                if isinstance(event, Delta):
+                if isinstance(event, Delta) and ex.tool_names is None:
                     delta = {"content": event.text} if ex.kind == "chat" else event.text
                     yield _event(self._chunk(ex, event.index, delta, logprobs=event.logprobs))
                 elif isinstance(event, Finished):
-                    yield _event(self._chunk(ex, event.index, {} if ex.kind == "chat" else "", event.finish_reason))
-                else:
+                    reason = event.finish_reason
+                    if ex.tool_names is not None:  # the answer is known only whole: a call, or text
+                        message, reason = self._message(ex, event.index)
+                        message.pop("role")
+                        yield _event(self._chunk(ex, event.index, message, logprobs=tuple(ex.tokens.get(event.index,
+                                                                                                      []))))
+                    yield _event(self._chunk(ex, event.index, {} if ex.kind == "chat" else "", reason))
+                elif isinstance(event, Failed):
                     yield _event(event.error.to_json())
             if include_usage and ex.finished:
                 yield _event({**self._body(ex, final=False), "choices": [], "usage": ex.usage()})
@@ -266,15 +275,29 @@ class Server:
         if final:
             choices = []
             for i in range(ex.n):
-                text = ex.text(i)
                 choice = {"index": i, "finish_reason": ex.ends[i].finish_reason,
                           "logprobs": self._logprobs(ex, ex.tokens.get(i, []))}
-                choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+                if chat:
+                    choice["message"], choice["finish_reason"] = self._message(ex, i)
+                else:
+                    choice["text"] = ex.text(i)
                 choices.append(choice)
             body.update(choices=choices, usage=ex.usage())
         elif chat:
             body["object"] = "chat.completion.chunk"
         return body
+
+    @staticmethod
+    def _message(ex: Exchange, index: int) -> tuple[dict[str, Any], str]:
+        """Choice ``index`` as an assistant message, with its tool calls parsed out; and its finish_reason."""
+        text, reason = ex.text(index), ex.ends[index].finish_reason
+        if ex.tool_names is None:
+            return {"role": "assistant", "content": text}, reason
+        content, calls = parse_tool_calls(text, ex.tool_names)
+        if not calls:
+            return {"role": "assistant", "content": text}, reason
+        return {"role": "assistant", "content": content,
+                "tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, "tool_calls"
 
     def _chunk(self, ex: Exchange, index: int, delta: dict | str, finish_reason: str | None = None,
                logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
