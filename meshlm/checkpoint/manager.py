@@ -227,14 +227,33 @@ class CheckpointManager:
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+def tied_aliases(part: nn.Module) -> dict[str, str]:
+    """State-dict key of every second name of a shared parameter -> the key of its first name (a tied output
+    head: ``output.weight`` -> ``tok_embeddings.weight``). Checkpoints store such a tensor once, under the first."""
+    from meshlm.distributed.init import canonical_name
+
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in part.named_parameters(remove_duplicate=False):
+        key = canonical_name(name).removeprefix("module.")
+        if id(param) in first:
+            aliases[key] = first[id(param)]
+        else:
+            first[id(param)] = key
+    return aliases
+
+
 class _PartStates:
     """Per-part state dicts plus their union (what DCP saves/loads: keys are parameter names, so any layout
-    can load what any other layout saved)."""
+    can load what any other layout saved). A tied parameter is listed once (:func:`tied_aliases`): saving it
+    under both names doubled a tied head on disk; a checkpoint that holds both copies still loads."""
 
     def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None,
                  trainable_only: bool = False, keep: Callable[[str], bool] | None = None) -> None:
         options = StateDictOptions(ignore_frozen_params=trainable_only)
-        self.model_parts = [get_model_state_dict(part, options=options) for part in parts]
+        self.aliases = [tied_aliases(part) for part in parts]
+        self.model_parts = [{k: v for k, v in get_model_state_dict(part, options=options).items() if k not in aliases}
+                            for part, aliases in zip(parts, self.aliases)]
         if keep is not None:  # a subset of the keys (e.g. a LoRA model's base weights)
             self.model_parts = [{k: v for k, v in sd.items() if keep(k)} for sd in self.model_parts]
         self.partial = trainable_only or keep is not None
@@ -260,7 +279,9 @@ def load_weights(path: Path, parts: list[nn.Module], optimizers: list[torch.opti
                               "[model] matches the run that wrote it") from None
     # dcp.load filled the merged dicts' tensors in place; they are the same objects as the per-part ones.
     for i, part in enumerate(parts):
-        set_model_state_dict(part, states.model_parts[i], options=StateDictOptions(strict=not states.partial))
+        loaded = states.model_parts[i]
+        loaded.update({alias: loaded[key] for alias, key in states.aliases[i].items() if key in loaded})
+        set_model_state_dict(part, loaded, options=StateDictOptions(strict=not states.partial))
         if states.optim_parts is not None:
             set_optimizer_state_dict(part, optimizers[i], states.optim_parts[i], options=_OPTIM_OPTIONS)
 

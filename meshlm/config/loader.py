@@ -1,4 +1,12 @@
-"""Load a job config: TOML file, then ``--set section.key=value`` overrides, then validation."""
+"""Load a job config: TOML file, then ``--set section.key=value`` overrides, then validation.
+
+Which keys a user set is what the raw tables hold after the overrides (defaults are never in them). That is how
+``checkpoint.init_from`` works (:func:`inherit_init_from`, used by ``meshlm train`` and ``meshlm align``): the
+[model] keys the config leaves out come from the checkpoint's own config, so a config states only what it
+changes; a key it sets that fixes the weights' shapes (``SHAPE_KEYS``) and contradicts the checkpoint is an
+error naming both values. ``model.flavor`` only names the shape of a model trained from scratch, so with
+init_from the checkpoint's flavour is kept (configs/sft.toml's ``flavor = "debug"`` fine-tunes any model).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,8 @@ from typing import Any, Iterable
 
 from meshlm.config.base import did_you_mean, dumps_toml, from_dict, to_dict
 from meshlm.config.schema import SECTIONS, JobConfig
-from meshlm.errors import ConfigError
+from meshlm.errors import CheckpointError, ConfigError
+from meshlm.models.config import CUSTOM_FLAVOR, SHAPE_KEYS, ModelConfig
 from meshlm.models.flavors import flavor_config
 
 
@@ -53,9 +62,7 @@ def build_config(raw: dict[str, Any]) -> JobConfig:
                               f"valid sections: {', '.join(SECTIONS)}")
         if not isinstance(table, dict):
             raise ConfigError(f"'{section}' must be a [section] table, got {table!r}")
-    model_raw = dict(raw.get("model", {}))
-    base = flavor_config(str(model_raw.get("flavor", "debug")))
-    sections: dict[str, Any] = {"model": from_dict(SECTIONS["model"], model_raw, "model", base=base)}
+    sections: dict[str, Any] = {"model": model_section(raw.get("model", {}))}
     for name, cls in SECTIONS.items():
         if name != "model":
             sections[name] = from_dict(cls, raw.get(name, {}), name)
@@ -64,9 +71,57 @@ def build_config(raw: dict[str, Any]) -> JobConfig:
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> JobConfig:
-    raw = read_toml(path) if path else {}
-    return build_config(apply_overrides(raw, overrides))
+def model_section(table: dict[str, Any]) -> ModelConfig:
+    """The [model] table on top of its flavour (or of the defaults, for a "custom" shape)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"'model' must be a [section] table, got {table!r}")
+    flavor = str(table.get("flavor", "debug"))
+    base = ModelConfig(flavor=CUSTOM_FLAVOR) if flavor == CUSTOM_FLAVOR else flavor_config(flavor)
+    return from_dict(ModelConfig, table, "model", base=base)
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = (), *, inherit: bool = False) -> JobConfig:
+    """``inherit``: take the [model] keys the config leaves out from ``checkpoint.init_from`` (see the module
+    docstring); for configs that start a run, not for a checkpoint's own saved config."""
+    raw = apply_overrides(read_toml(path) if path else {}, overrides)
+    return build_config(inherit_init_from(raw) if inherit else raw)
+
+
+def inherit_init_from(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with its [model] table completed from ``checkpoint.init_from``'s config (unchanged without
+    init_from); refuses a shape key that contradicts the checkpoint."""
+    init_from = (raw.get("checkpoint") or {}).get("init_from") if isinstance(raw.get("checkpoint"), dict) else None
+    if not init_from or not isinstance(init_from, str):
+        return raw
+    source = checkpoint_config_file(Path(init_from))
+    theirs = read_toml(source).get("model", {})
+    mine = {k: v for k, v in (raw.get("model") or {}).items() if k != "flavor"}
+    merged = {**theirs, **mine}
+    ckpt_model, new_model = model_section(theirs), model_section(merged)
+    for key in SHAPE_KEYS:
+        have, want = getattr(ckpt_model, key), getattr(new_model, key)
+        if key == "head_dim":
+            have, want = ckpt_model.resolved_head_dim, new_model.resolved_head_dim
+        if have != want:
+            raise ConfigError(f"model.{key} = {mine.get(key, want)!r} contradicts checkpoint.init_from "
+                              f"'{init_from}', whose model has {key} = {have!r} ({source}); leave model.{key} out "
+                              "(the checkpoint's shape is used) or start from another checkpoint")
+    return {**raw, "model": merged}
+
+
+def checkpoint_config_file(path: Path) -> Path:
+    """The config a checkpoint was written with: a step folder's config.toml, else the newest step's of a run
+    directory, else the run directory's config.resolved.toml."""
+    if not path.exists():
+        raise CheckpointError(f"checkpoint.init_from '{path}' does not exist; pass a run directory or a "
+                              "RUN_DIR/checkpoints/step-XXXXXXXX folder")
+    steps = sorted((path / "checkpoints").glob("step-*[0-9]")) if (path / "checkpoints").is_dir() else []
+    for candidate in (path / "config.toml", *(s / "config.toml" for s in reversed(steps)),
+                      path / "config.resolved.toml"):
+        if candidate.is_file():
+            return candidate
+    raise CheckpointError(f"checkpoint.init_from '{path}' holds no config.toml or config.resolved.toml; pass a "
+                          "run directory or a step folder written by meshlm")
 
 
 def config_to_toml(cfg: JobConfig) -> str:

@@ -7,6 +7,7 @@ folder next to OUT and rename it into place, so a failure leaves nothing at OUT.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import tempfile
@@ -28,8 +29,9 @@ from meshlm.interop.hf_files import (
     write_safetensors,
 )
 from meshlm.interop.hf_tokenizer import hf_tokenizer_config, load_hf_tokenizer, read_meta, tokenizer_meta
+from meshlm.models.config import CUSTOM_FLAVOR, ModelConfig
 from meshlm.models.lora import merge_lora
-from meshlm.models.config import ModelConfig
+from meshlm.tokenizer.bpe import TOKENIZER_META, tokenizer_files
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # "5GB", transformers' default
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -99,12 +101,11 @@ def convert_from_hf(hf_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     arch = architecture_of(hf_config, hf_dir / "config.json")
     meta["converted_from"] = {"format": "huggingface", "architecture": arch, "path": str(hf_dir.resolve())}
     with atomic_folder(out) as tmp, tempfile.TemporaryDirectory() as staging:
-        extra = {"tokenizer.json": hf_dir / "tokenizer.json",
-                 "tokenizer_meta.json": Path(staging) / "tokenizer_meta.json"}
-        write_json(extra["tokenizer_meta.json"], meta)
-        if (hf_dir / "tokenizer_config.json").is_file():  # kept for the round trip (chat template, classes)
-            extra["tokenizer_config.json"] = hf_dir / "tokenizer_config.json"
-        ckpt = _save_run_dir(tmp, cfg, _StreamingPlanner(weights, hf_names, cfg), meta["converted_from"], extra)
+        # Every tokenizer file the folder has (the chat template lives in tokenizer_config.json or, as
+        # transformers 5 writes it, chat_template.jinja); tokenizer_meta.json is meshlm's, written here.
+        extra = {**tokenizer_files(hf_dir), TOKENIZER_META: Path(staging) / TOKENIZER_META}
+        write_json(extra[TOKENIZER_META], meta)
+        ckpt = _save_run_dir(tmp, cfg, _StreamingPlanner(weights, hf_names), meta["converted_from"], extra)
     return {"out": str(out), "checkpoint": str(out / ckpt.relative_to(tmp)), "architecture": arch,
             "num_params": cfg.num_params(), "notes": notes}
 
@@ -140,12 +141,10 @@ class _StreamingPlanner(DefaultSavePlanner):
     bf16/fp16 weights are upcast exactly to the fp32 the meshlm model keeps.
     """
 
-    def __init__(self, weights: SafetensorsWeights, hf_names: dict[str, str], cfg: ModelConfig) -> None:
+    def __init__(self, weights: SafetensorsWeights, hf_names: dict[str, str]) -> None:
         super().__init__()
         self._weights = weights
-        self._hf_names = dict(hf_names)
-        if cfg.tie_embeddings:  # the meta model's state dict lists the tied head under its own name too
-            self._hf_names["output.weight"] = hf_names["tok_embeddings.weight"]
+        self._hf_names = dict(hf_names)  # a tied head is saved once, as tok_embeddings.weight (no lookup of its own)
 
     def lookup_object(self, index: MetadataIndex) -> Any:
         obj = super().lookup_object(index)
@@ -157,21 +156,24 @@ class _StreamingPlanner(DefaultSavePlanner):
 
 def _save_run_dir(run_dir: Path, cfg: ModelConfig, planner: SavePlanner, source: dict[str, Any],
                   extra_files: dict[str, Path]) -> Path:
-    """config.resolved.toml and a weights-only step-0 checkpoint whose tensors ``planner`` supplies."""
+    """config.resolved.toml and a weights-only step-0 checkpoint whose tensors ``planner`` supplies. ``source``
+    (format, path, ...) is recorded in train_state.json; the model's flavour becomes "custom" and ``model.source``
+    the name of ``source["path"]`` unless ``cfg.source`` is set."""
     from meshlm.checkpoint.manager import CheckpointManager
     from meshlm.config.loader import config_to_toml, load_config
     from meshlm.models.llama import Transformer
     from meshlm.train.run_dir import RESOLVED
 
     job = load_config(None)
-    job.model = cfg
+    # A converted model has no named flavour; model.source names the file or folder it came from.
+    job.model = dataclasses.replace(cfg, flavor=CUSTOM_FLAVOR, source=cfg.source or Path(source["path"]).name)
     job.data.seq_len = min(job.data.seq_len, cfg.max_seq_len)
     job.validate()
     toml = config_to_toml(job)
     (run_dir / RESOLVED).write_text(toml, encoding="utf-8")
     state = {"tokens_seen": 0, "converted_from": source}
     with torch.device("meta"):
-        model = Transformer(cfg)  # shapes and names only: the planner reads each tensor when it is written
+        model = Transformer(job.model)  # shapes and names only: the planner reads each tensor when it is written
     return CheckpointManager(run_dir, keep_last=1).save(0, [model], None, state, toml, extra_files=extra_files,
                                                         planner=planner)
 
@@ -217,16 +219,29 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
         write_json(tmp / "generation_config.json", {key: config[key] for key in
                                                     ("bos_token_id", "eos_token_id", "pad_token_id")})
         files = write_safetensors(tensors, tmp, max_shard_bytes)
-        shutil.copyfile(ckpt / "tokenizer.json", tmp / "tokenizer.json")
-        if (ckpt / "tokenizer_config.json").is_file():
-            shutil.copyfile(ckpt / "tokenizer_config.json", tmp / "tokenizer_config.json")
-        else:
-            token = tokenizer.backend.id_to_token
-            write_json(tmp / "tokenizer_config.json", hf_tokenizer_config(
-                token(tokenizer.bos_id) if tokenizer.bos_id is not None else None, token(tokenizer.eos_id),
-                token(tokenizer.pad_id) if tokenizer.pad_id is not None else None, cfg.max_seq_len))
+        _export_tokenizer(ckpt, tokenizer, cfg.max_seq_len, tmp)
     return {"out": str(out_dir), "checkpoint": str(ckpt), "architecture": config["architectures"][0],
             "num_params": model.num_params(), "weight_files": files}
+
+
+def _export_tokenizer(ckpt: Path, tokenizer, max_len: int, out: Path) -> None:
+    """The checkpoint's tokenizer files as HF has them (tokenizer_meta.json is meshlm's own, left out); a
+    checkpoint without a tokenizer_config.json gets a minimal one, with meshlm's chat template when its
+    tokenizer has meshlm's chat tokens."""
+    from meshlm.data.posttrain.templates import MESHLM_CHAT_TEMPLATE
+    from meshlm.tokenizer import SPECIAL_TOKENS
+
+    for name, src in tokenizer_files(ckpt).items():
+        if name != TOKENIZER_META:
+            shutil.copyfile(src, out / name)
+    if (ckpt / "tokenizer_config.json").is_file():
+        return
+    token = tokenizer.backend.id_to_token
+    meshlm_chat = all(s in tokenizer.special_ids for s in SPECIAL_TOKENS)
+    write_json(out / "tokenizer_config.json", hf_tokenizer_config(
+        token(tokenizer.bos_id) if tokenizer.bos_id is not None else None, token(tokenizer.eos_id),
+        token(tokenizer.pad_id) if tokenizer.pad_id is not None else None, max_len,
+        MESHLM_CHAT_TEMPLATE if meshlm_chat and not (ckpt / "chat_template.jinja").is_file() else None))
 
 
 def _export_tensors(model: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:

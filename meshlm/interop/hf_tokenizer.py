@@ -8,11 +8,15 @@ checkpoint). Which tokens those are follows what transformers itself would use:
   Qwen's tokenizer declares no bos although its config.json names one, and prompts must not start with it);
 - otherwise ``generation_config.json``'s ``*_token_id``, then ``config.json``'s.
 
+Whether a plain prompt starts with bos (``add_bos_token``) is recorded too, from ``tokenizer_config.json``'s key
+or else from what tokenizer.json's post-processor does; ``meshlm generate --prompt`` follows it.
+
 All the eos ids of ``generation_config.json`` (Llama 3.1 Instruct has three) are kept in the meta file and
 written back on export; ``meshlm generate`` stops at any of them (:func:`checkpoint_eos_ids`).
 
-Export: ``tokenizer.json`` as is, plus the checkpoint's original ``tokenizer_config.json`` when it came from HF
-(it carries the chat template), else a minimal one naming ``PreTrainedTokenizerFast`` and the special tokens.
+Export: ``tokenizer.json`` as is, plus the checkpoint's original ``tokenizer_config.json`` and
+``chat_template.jinja`` when it came from HF (either may carry the chat template), else a minimal
+tokenizer_config.json naming ``PreTrainedTokenizerFast``, the special tokens and meshlm's chat template.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from meshlm.errors import CheckpointError, DataError
+from meshlm.tokenizer.bpe import post_processor_adds_bos
 
 META_FORMAT = "meshlm-tokenizer-meta"
 
@@ -66,7 +71,18 @@ def tokenizer_meta(hf_dir: Path, tokenizer, hf_config: dict[str, Any], vocab_row
     eos_ids = _all_ids(gen_cfg.get("eos_token_id", hf_config.get("eos_token_id")))
     eos_ids = [eos_id] + [i for i in eos_ids if i != eos_id and 0 <= i < size]
     return {"format": META_FORMAT, "bos_token": roles["bos"], "eos_token": roles["eos"],
-            "pad_token": roles["pad"], "eos_ids": eos_ids}
+            "pad_token": roles["pad"], "eos_ids": eos_ids, "add_bos_token": _adds_bos(tokenizer, tok_cfg, roles["bos"])}
+
+
+def _adds_bos(tokenizer, tok_cfg: dict[str, Any], bos: str | None) -> bool:
+    """Whether the HF tokenizer starts a prompt with bos: tokenizer_config.json's ``add_bos_token`` when it says,
+    else whether tokenizer.json's post-processor adds it (Llama 3 yes; SmolLM2, whose bos is the chat marker
+    ``<|im_start|>``, and Qwen no)."""
+    if bos is None:
+        return False
+    if isinstance(tok_cfg.get("add_bos_token"), bool):
+        return tok_cfg["add_bos_token"]
+    return post_processor_adds_bos(tokenizer, tokenizer.token_to_id(bos))
 
 
 def _optional_json(path: Path) -> dict[str, Any]:
@@ -114,7 +130,11 @@ def checkpoint_eos_ids(ckpt: Path, eos_id: int) -> list[int]:
     return [eos_id] + [i for i in _all_ids(extra) if i != eos_id]
 
 
-def hf_tokenizer_config(bos: str | None, eos: str, pad: str | None, max_len: int) -> dict[str, Any]:
+def hf_tokenizer_config(bos: str | None, eos: str, pad: str | None, max_len: int,
+                        chat_template: str | None = None) -> dict[str, Any]:
     """A tokenizer_config.json that AutoTokenizer (transformers 4.x and 5.x) loads as a fast tokenizer."""
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos, "pad_token": pad,
-            "model_max_length": max_len, "clean_up_tokenization_spaces": False}
+    out = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos, "pad_token": pad,
+           "model_max_length": max_len, "clean_up_tokenization_spaces": False}
+    if chat_template is not None:
+        out["chat_template"] = chat_template
+    return out

@@ -8,9 +8,18 @@ from meshlm.config.base import option
 from meshlm.errors import ConfigError
 
 
+# The flavour of a shape given key by key rather than by name: a converted model (see model.source).
+CUSTOM_FLAVOR = "custom"
+# The keys that fix the weights' names and shapes: a checkpoint loads only into a model that agrees on them.
+SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden_dim", "vocab_size", "qkv_bias",
+              "qk_norm", "tie_embeddings")
+
+
 @dataclass
 class ModelConfig:
-    flavor: str = option("debug", "Named shape from the flavour registry; other [model] keys override it.")
+    flavor: str = option("debug", "Named shape from the flavour registry; other [model] keys override it. "
+                                  f"'{CUSTOM_FLAVOR}': no named shape, every key as written (converted models). With "
+                                  "checkpoint.init_from the checkpoint's shape is used instead.")
     dim: int = option(64, "Hidden size h.")
     n_layers: int = option(4, "Number of transformer blocks.")
     n_heads: int = option(4, "Attention (query) heads.")
@@ -34,6 +43,8 @@ class ModelConfig:
     full_attention_layers: int = option(0, "With sliding_window: the first N layers attend to every earlier position "
                                         "and the rest use the window (HF Qwen2's max_window_layers).")
     init_std: float = option(0.02, "Std of the normal init; output projections are scaled by 1/sqrt(2*n_layers).")
+    source: str = option("", "Where the weights came from, for a converted model (the GGUF file or HF folder name, "
+                             "set by `meshlm convert`); kept by runs initialised from it. Informational only.")
 
     @property
     def resolved_head_dim(self) -> int:

@@ -39,14 +39,17 @@ class DataSection:
 
 @dataclass
 class ModelSection:
-    flavor: str = option("debug", "Model flavour of the base model pretrained here (ignored with base.checkpoint).")
+    flavor: str = option("debug", "Model flavour of the base model pretrained here (ignored with base.checkpoint, "
+                                  "whose whole model config, tokenizer and chat template are used).")
     seq_len: int = option(192, "Tokens per training sequence (SFT rows are packed; DPO pairs padded).")
-    dim: int = option(0, "Model width instead of the flavour's (0: the flavour's); base, SFT and DPO share it.")
+    dim: int = option(0, "Model width instead of the flavour's (0: the flavour's); base, SFT and DPO share it. With "
+                         "base.checkpoint leave it 0 (a value that contradicts the checkpoint is an error).")
     n_layers: int = option(0, "Transformer blocks instead of the flavour's (0: the flavour's).")
     ffn_hidden_dim: int = option(0, "Feed-forward width instead of the flavour's (0: the flavour's).")
 
     def overrides(self) -> dict:
-        """The [model] table of the training runs: the flavour and any shape key set here."""
+        """The [model] table of the training runs: the flavour and any shape key set here. The SFT and DPO runs
+        start from a checkpoint, so their other [model] keys come from it (``inherit_init_from``)."""
         shape = {k: getattr(self, k) for k in ("dim", "n_layers", "ffn_hidden_dim") if getattr(self, k)}
         return {"flavor": self.flavor, **shape}
 

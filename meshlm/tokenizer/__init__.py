@@ -1,5 +1,5 @@
 """Byte-level BPE tokenizer (see docs/data.md)."""
 
-from meshlm.tokenizer.bpe import MIN_VOCAB_SIZE, SPECIAL_TOKENS, MeshTokenizer
+from meshlm.tokenizer.bpe import MIN_VOCAB_SIZE, SPECIAL_TOKENS, TOKENIZER_FILES, MeshTokenizer, tokenizer_files
 
-__all__ = ["MIN_VOCAB_SIZE", "SPECIAL_TOKENS", "MeshTokenizer"]
+__all__ = ["MIN_VOCAB_SIZE", "SPECIAL_TOKENS", "TOKENIZER_FILES", "MeshTokenizer", "tokenizer_files"]

@@ -15,7 +15,14 @@ every construction path (``train``, ``load``, ``from_str``).
 A *foreign* tokenizer (e.g. the Hugging Face ``tokenizer.json`` of a model imported with ``meshlm convert
 from-hf``) has other special tokens. :meth:`MeshTokenizer.load` recognises one by a ``tokenizer_meta.json``
 beside the ``tokenizer.json`` naming its bos/eos/pad tokens (bos and pad may be absent, e.g. Qwen has no bos);
-``encode_special_tokens`` is switched on for it too.
+``encode_special_tokens`` is switched on for it too. The meta file also says whether the model's prompts start
+with bos (``add_bos_token``): SmolLM2's bos is ``<|im_start|>``, a chat marker that a plain prompt must not begin
+with. A meta file without the key (older conversions) is answered by the tokenizer.json post-processor, as
+transformers does.
+
+The files that make up a tokenizer (:data:`TOKENIZER_FILES`) travel together: a checkpoint, a converted run and
+an exported HF folder copy all of those present, so a chat template kept in ``chat_template.jinja`` (the file
+transformers 5 writes) is never left behind.
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ NUM_BYTE_TOKENS = 256
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + NUM_BYTE_TOKENS
 MAX_VOCAB_SIZE = 2**32
 TOKENIZER_META = "tokenizer_meta.json"  # beside a foreign tokenizer.json: {"bos_token", "eos_token", "pad_token"}
+# Every file beside tokenizer.json that belongs to it: foreign specials and add_bos (tokenizer_meta.json), the HF
+# chat template (a tokenizer_config.json key, or chat_template.jinja as transformers 5 writes it).
+TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_META, "tokenizer_config.json", "chat_template.jinja")
 _MESHLM_ROLES = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>"}
 
 
@@ -51,9 +61,12 @@ class MeshTokenizer:
     wraps a ``tokenizers.Tokenizer``."""
 
     def __init__(self, tokenizer: Tokenizer, source: str = "<memory>",
-                 roles: dict[str, str | None] | None = None) -> None:
-        """``roles`` maps "bos"/"eos"/"pad" to token strings for a foreign tokenizer; None means meshlm's."""
-        if roles is None:
+                 roles: dict[str, str | None] | None = None, add_bos: bool | None = None) -> None:
+        """``roles`` maps "bos"/"eos"/"pad" to token strings for a foreign tokenizer; None means meshlm's.
+        ``add_bos``: whether a prompt starts with bos (None: meshlm's always do; a foreign tokenizer's post-processor
+        decides)."""
+        native = roles is None
+        if native:
             added = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
             missing = [s for s in SPECIAL_TOKENS if s not in added]
             if missing:
@@ -74,6 +87,9 @@ class MeshTokenizer:
         self._special_ids = {s: tokenizer.token_to_id(s) for s in specials}
         self._role_ids = {role: tokenizer.token_to_id(t) if t else None for role, t in roles.items()}
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        if add_bos is None:
+            add_bos = native or post_processor_adds_bos(tokenizer, self._role_ids.get("bos"))
+        self._add_bos = add_bos and self._role_ids.get("bos") is not None
 
     # --- construction ---------------------------------------------------------------------------------------
     @classmethod
@@ -98,12 +114,12 @@ class MeshTokenizer:
 
     @classmethod
     def from_str(cls, json_text: str, source: str = "<string>",
-                 roles: dict[str, str | None] | None = None) -> MeshTokenizer:
+                 roles: dict[str, str | None] | None = None, add_bos: bool | None = None) -> MeshTokenizer:
         try:
             tok = Tokenizer.from_str(json_text)
         except Exception as e:  # tokenizers raises plain Exception subclasses with Rust messages
             raise DataError(f"tokenizer {source} is not a valid tokenizer.json ({e}); re-run `meshlm prepare`") from e
-        return cls(tok, source=source, roles=roles)
+        return cls(tok, source=source, roles=roles, add_bos=add_bos)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> MeshTokenizer:
@@ -114,7 +130,12 @@ class MeshTokenizer:
             raise DataError(f"tokenizer file {path} does not exist; pass the tokenizer.json of a prepared dataset")
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"cannot read tokenizer file {path} ({e}); check the path and its permissions") from e
-        return cls.from_str(text, source=str(path), roles=_read_roles(path.with_name(TOKENIZER_META)))
+        meta = _read_meta(path.with_name(TOKENIZER_META))
+        if meta is None:
+            return cls.from_str(text, source=str(path))
+        roles = {role: meta.get(f"{role}_token") for role in ("bos", "eos", "pad")}
+        add_bos = meta.get("add_bos_token")
+        return cls.from_str(text, source=str(path), roles=roles, add_bos=add_bos if isinstance(add_bos, bool) else None)
 
     def to_str(self) -> str:
         return self._tok.to_str(pretty=True)
@@ -156,6 +177,16 @@ class MeshTokenizer:
         return self._role_ids.get("bos")
 
     @property
+    def add_bos(self) -> bool:
+        """Whether a plain prompt starts with ``bos_id`` (meshlm's tokenizers: yes; a foreign one: as its HF
+        tokenizer does; never without a bos token)."""
+        return self._add_bos
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """A plain (non-chat) prompt: bos where the tokenizer adds one, then ``encode(text)``."""
+        return ([self.bos_id] if self._add_bos else []) + self.encode(text)
+
+    @property
     def eos_id(self) -> int:
         return self._role_ids["eos"]
 
@@ -172,13 +203,30 @@ class MeshTokenizer:
         return f"MeshTokenizer(vocab_size={self._vocab_size})"
 
 
-def _read_roles(meta_path: Path) -> dict[str, str | None] | None:
-    """The bos/eos/pad token strings of a foreign tokenizer from its ``tokenizer_meta.json``; None if absent."""
+def tokenizer_files(folder: str | os.PathLike) -> dict[str, Path]:
+    """name -> path of each of :data:`TOKENIZER_FILES` present in ``folder`` (what a checkpoint copies)."""
+    folder = Path(folder)
+    return {name: folder / name for name in TOKENIZER_FILES if (folder / name).is_file()}
+
+
+def _read_meta(meta_path: Path) -> dict | None:
+    """A foreign tokenizer's ``tokenizer_meta.json`` (bos/eos/pad strings, add_bos_token); None if absent."""
     if not meta_path.is_file():
         return None
+    fix = "fix or delete it (it names the tokenizer's bos/eos/pad tokens)"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        return {role: meta.get(f"{role}_token") for role in ("bos", "eos", "pad")}
-    except (OSError, ValueError, AttributeError) as e:
-        raise DataError(f"cannot read {meta_path} ({e}); fix or delete it (it names the tokenizer's bos/eos/pad "
-                        "tokens)") from e
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {meta_path} ({e}); {fix}") from e
+    if not isinstance(meta, dict):
+        raise DataError(f"{meta_path} holds no JSON object; {fix}")
+    return meta
+
+
+def post_processor_adds_bos(tokenizer: Tokenizer, bos_id: int | None) -> bool:
+    """Whether ``tokenizer``'s post-processor puts bos in front of a text (Llama 3's TemplateProcessing does;
+    SmolLM2's and Qwen's tokenizers add nothing)."""
+    if bos_id is None:
+        return False
+    ids = tokenizer.encode("a", add_special_tokens=True).ids
+    return bool(ids) and ids[0] == bos_id

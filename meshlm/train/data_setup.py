@@ -34,10 +34,8 @@ from meshlm.data.posttrain import (
 )
 from meshlm.data.synthetic import ensure_synthetic
 from meshlm.errors import ConfigError, DataError
-from meshlm.tokenizer import MeshTokenizer
+from meshlm.tokenizer import MeshTokenizer, tokenizer_files
 
-# Files beside tokenizer.json that belong to it (foreign specials, HF chat template): copied into checkpoints.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_meta.json", "tokenizer_config.json")
 # the synthetic set for each data kind (an objective's data_kind) when data.path is empty
 SYNTHETIC_KIND = {"sft": "chat", "preference": "preference", "unpaired": "preference", "prompt": "prompt"}
 
@@ -53,7 +51,7 @@ class PostTrainData:
     @property
     def tokenizer_files(self) -> dict[str, Path]:
         """The tokenizer's files, for the checkpoint (so generate/convert use the same tokenizer and template)."""
-        return {name: self.tokenizer_dir / name for name in TOKENIZER_FILES if (self.tokenizer_dir / name).is_file()}
+        return tokenizer_files(self.tokenizer_dir)
 
 
 def load_tokenizer(cfg: JobConfig) -> tuple[MeshTokenizer, Path]:

@@ -64,6 +64,10 @@ class ChatTemplate(Protocol):
         """The conversation followed by the prompt for an assistant reply (for generation)."""
         ...
 
+    def end_of_turn_ids(self) -> list[int]:
+        """The special token(s) that end an assistant turn (generation stops there, beside the eos ids)."""
+        ...
+
 
 class MeshChatTemplate:
     """meshlm's own template over the tokenizer's ``<|system|>``/``<|user|>``/``<|assistant|>``/``<|end|>``."""
@@ -90,6 +94,9 @@ class MeshChatTemplate:
 
     def encode_prompt(self, messages: list[Message], *, where: str = "") -> list[int]:
         return self.encode(messages).ids + [self._role["assistant"]]
+
+    def end_of_turn_ids(self) -> list[int]:
+        return [self._end]
 
 
 class HFChatTemplate:
@@ -133,6 +140,19 @@ class HFChatTemplate:
 
     def encode_prompt(self, messages: list[Message], *, where: str = "") -> list[int]:
         return self._encode_text(self._render(messages, True, where), messages, [], where).ids
+
+    def end_of_turn_ids(self) -> list[int]:
+        """The first special token the template puts after an assistant reply (``<|im_end|>`` in ChatML,
+        ``<|eot_id|>`` in Llama 3's); none for a template that refuses a one-turn chat or ends turns in text."""
+        try:
+            text = self._render([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], False,
+                                "a one-turn chat")
+        except DataError:
+            return []
+        reply = _PLACEHOLDER.format(1)
+        after = text[text.index(reply) + len(reply):] if reply in text else ""
+        specials = [i for i in self._markup.encode(after, add_special_tokens=False).ids if i in self._special]
+        return specials[:1]
 
     # --- rendering and encoding -----------------------------------------------------------------------------
     def _render(self, messages: list[Message], add_generation_prompt: bool, where: str) -> str:
