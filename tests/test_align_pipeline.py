@@ -26,7 +26,7 @@ def test_subcommands_parse_with_their_own_handlers():
     args = build_parser().parse_args(["align", "data", "--out", "D", "--seed", "3", "--json"])
     assert (args.handler.__name__, args.out, args.seed, args.json) == ("run_data", "D", 3, True)
     args = build_parser().parse_args(["align", "constitutional", "--checkpoint", "C", "--out", "O"])
-    assert args.align_command == "constitutional" and args.handler.__module__ == "meshlm.safety.constitutional"
+    assert args.align_command == "constitutional" and args.handler.__module__ == "meshlm.cli.align_constitutional"
 
 
 def test_embedded_align_config_loads_and_rejects_typos():
@@ -123,7 +123,8 @@ def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_
     import shutil
 
     from meshlm.errors import DataError
-    from meshlm.safety.classifier import ClassifierConfig, TrainedJudge
+    from meshlm.safety.classifier import ClassifierConfig
+    from meshlm.safety.judges.trained import TrainedJudge
     from meshlm.safety.pipeline import run_pipeline
 
     run, report = tiny_run
@@ -134,7 +135,7 @@ def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_
 
     rows = [{"prompt": "q", "response": r, "label": lab} for r, lab in
             [("I can't help with that.", "refuse"), ("Here it is: x.", "answer"), ("Info; see a doctor.", "warn")] * 8]
-    judge_dir = TrainedJudge.train(rows, ClassifierConfig(steps=2, dim=16, n_layers=1, vocab_size=300)).save(
+    judge_dir = TrainedJudge.fit(rows, ClassifierConfig(steps=2, dim=16, n_layers=1, vocab_size=300)).save(
         tmp_path / "judge")
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
