@@ -9,6 +9,10 @@
 The model is a random-weight checkpoint of ``--flavor`` (speed does not depend on what the weights learned).
 
     python scripts/bench_serve.py --flavor small --clients 16 --requests 192 --json
+
+``--grammar [CKPT]`` measures instead what structured outputs cost per token, in this process: the grammar
+engine's mask (compute + advance) per token for json_object and a JSON schema, and decode steps of 8 rows free vs
+the same 8 rows under the schema (the engine's own loop; CKPT, e.g. a converted SmolLM2, else the random model).
 """
 
 from __future__ import annotations
@@ -195,6 +199,79 @@ def operations(load: Load, clients: int, total: int, max_tokens: int, deadline: 
             "users_switched_during_rollout": sum(len(v) > 1 for v in users.values())}
 
 
+BENCH_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
+    "ok": {"type": "boolean"}}, "required": ["name", "age", "tags", "ok"], "additionalProperties": False}
+
+
+def grammar_costs(ckpt: Path, rows: int = 8, tokens: int = 48, repeats: int = 3) -> dict:
+    """Structured outputs' cost: mask time per token, and engine decode time free vs constrained (medians)."""
+    import torch
+
+    from meshlm.checkpoint.load import model_from_checkpoint
+    from meshlm.serve.engine import BatchEngine
+    from meshlm.serve.grammar import GrammarEngine
+    from meshlm.serve.protocol import Finished, Sampling
+    from meshlm.tokenizer import MeshTokenizer
+
+    model, _, _, folder = model_from_checkpoint(ckpt, "cpu")
+    model.eval().requires_grad_(False)
+    tok = MeshTokenizer.load(folder / "tokenizer.json")
+    grammars = GrammarEngine(tok, [tok.eos_id])
+    formats = {"json_object": {"type": "json_object"}, "json_schema": {"type": "json_schema",
+                                                                       "json_schema": {"schema": BENCH_SCHEMA}}}
+    report: dict = {"vocab_size": tok.vocab_size, "rows": rows, "torch_threads": torch.get_num_threads()}
+    start = time.perf_counter()
+    grammars.masks(formats["json_object"], 1)
+    report["tokenizer_setup_s"] = round(time.perf_counter() - start, 3)
+    gen = torch.Generator().manual_seed(0)
+    for name, fmt in formats.items():  # the mask alone, along a random walk through the grammar
+        start = time.perf_counter()
+        mask = grammars.masks(fmt, 1)[0]
+        compile_s = time.perf_counter() - start
+        steps, spent = 0, 0.0
+        while steps < 200 and not mask.complete:
+            t0 = time.perf_counter()
+            allowed = mask.allowed(tok.vocab_size, torch.device("cpu"))
+            spent += time.perf_counter() - t0
+            choices = allowed.nonzero().flatten()
+            token = int(choices[torch.randint(len(choices), (1,), generator=gen)])
+            t0 = time.perf_counter()
+            mask.advance(token)
+            spent += time.perf_counter() - t0
+            steps += 1
+        report[f"{name}_compile_ms"] = round(compile_s * 1e3, 2)
+        report[f"{name}_mask_us_per_token"] = round(spent / steps * 1e6, 1)
+
+    def decode(fmt: dict | None) -> float:
+        engine = BatchEngine(model, tok, max_batch=rows, max_queue=rows)
+        done = threading.Semaphore(0)
+        try:
+            sampling = Sampling(max_tokens=tokens, temperature=1.0, seed=1, n=rows)
+            masks = grammars.masks(fmt, rows) if fmt else None
+            start = time.perf_counter()
+            engine.submit_choices(tok.prompt_ids("Describe a person as JSON."), tokens, sampling, frozenset(),
+                                  lambda ev: done.release() if isinstance(ev, Finished) else None, masks=masks)
+            for _ in range(rows):
+                done.acquire()
+            elapsed = time.perf_counter() - start
+            stats = engine.status()
+        finally:
+            engine.close()
+        return elapsed / max(1, stats["decode_steps"] + stats["prefills"])
+
+    # Rows that stay inside the grammar for all the steps (a long string field), so both runs decode every row
+    # every step and the difference is the masks' cost.
+    endless = {"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 100 * tokens}}, "required": ["text"]}}}
+    runs = [(decode(None), decode(endless)) for _ in range(repeats)]  # interleaved pairs
+    free, constrained = (statistics.median(r[i] for r in runs) for i in (0, 1))
+    report.update(free_ms_per_step=round(free * 1e3, 2), constrained_ms_per_step=round(constrained * 1e3, 2),
+                  constrained_over_free=round(constrained / free, 3))
+    return report
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--flavor", default="small")
@@ -209,7 +286,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="the server's torch CPU threads")
     p.add_argument("--timeout", type=float, default=900, help="stop sending after this many seconds")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--grammar", nargs="?", const="", metavar="CKPT",
+                   help="only measure structured outputs' cost (a checkpoint, else a random --flavor model)")
     args = p.parse_args()
+    if args.grammar is not None:
+        return grammar_main(args)
 
     from meshlm.serve.audit_verify import export, verify
     from meshlm.serve.fixtures import random_checkpoints
@@ -258,6 +339,17 @@ def main() -> None:
     print(f"versions by phase: {o['versions_by_phase']}; during the rollout {o['rollout_users_on_candidate']} of "
           f"{o['rollout_users']} users on the candidate, {o['users_switched_during_rollout']} switched")
     print(f"audit: {report['audit']}; load average {report['machine']}")
+
+
+def grammar_main(args: argparse.Namespace) -> None:
+    from meshlm.serve.fixtures import random_checkpoints
+
+    ckpt = Path(args.grammar) if args.grammar else \
+        random_checkpoints(Path(tempfile.mkdtemp(prefix="bench-grammar-")), args.flavor, args.vocab_size, (1,))[0]
+    before = [round(x, 2) for x in os.getloadavg()]
+    report = {"checkpoint": str(ckpt), **grammar_costs(ckpt), "loadavg_before": before,
+              "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+    print(json.dumps(report, indent=None if args.json else 1))
 
 
 if __name__ == "__main__":
