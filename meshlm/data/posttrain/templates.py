@@ -138,8 +138,9 @@ class HFChatTemplate:
             spans.append((len(before), len(upto)))
         return self._encode_text(full, messages, spans, where)
 
-    def encode_prompt(self, messages: list[Message], *, where: str = "") -> list[int]:
-        return self._encode_text(self._render(messages, True, where), messages, [], where).ids
+    def encode_prompt(self, messages: list[Message], *, where: str = "", tools: list[dict] | None = None) -> list[int]:
+        """``tools`` (OpenAI function definitions) are passed to the template as its ``tools`` variable."""
+        return self._encode_text(self._render(messages, True, where, tools), messages, [], where).ids
 
     def end_of_turn_ids(self) -> list[int]:
         """The first special token the template puts after an assistant reply (``<|im_end|>`` in ChatML,
@@ -155,13 +156,15 @@ class HFChatTemplate:
         return specials[:1]
 
     # --- rendering and encoding -----------------------------------------------------------------------------
-    def _render(self, messages: list[Message], add_generation_prompt: bool, where: str) -> str:
+    def _render(self, messages: list[Message], add_generation_prompt: bool, where: str,
+                tools: list[dict] | None = None) -> str:
         from jinja2 import TemplateError
 
         masked = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)]
+        extra = {"tools": tools} if tools is not None else {}
         try:
             return self._template.render(messages=masked, add_generation_prompt=add_generation_prompt,
-                                         **self._context)
+                                         **extra, **self._context)
         except (TemplateError, _TemplateRaised) as e:
             raise DataError(f"{where}: {self.source} refused this conversation ({e}); fix the row or the "
                             "template") from None
