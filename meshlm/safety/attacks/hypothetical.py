@@ -43,4 +43,5 @@ def frame(prompt: str, rng: random.Random, act: str | None, schemes: tuple[str, 
     return rng.choice(FRAMES).format(p=prompt)
 
 
-FAMILY = register(Family("hypothetical", 3, TEMPLATES, frame, "the request is a thought experiment, fiction or research"))
+FAMILY = register(Family("hypothetical", 3, TEMPLATES, frame,
+                         "the request is a thought experiment, fiction or research"))

@@ -54,4 +54,5 @@ def frame(prompt: str, rng: random.Random, act: str | None, schemes: tuple[str, 
     return f"{shots} {user}{prompt}{bot.rstrip()}"
 
 
-FAMILY = register(Family("many_shot", 7, TEMPLATES, frame, "a fake dialogue of an assistant that complies, then the request"))
+FAMILY = register(Family("many_shot", 7, TEMPLATES, frame,
+                         "a fake dialogue of an assistant that complies, then the request"))

@@ -50,4 +50,5 @@ def frame(prompt: str, rng: random.Random, act: str | None, schemes: tuple[str, 
     return rng.choice(FRAMES).format(act=act) if act else None  # needs the request's verb phrase
 
 
-FAMILY = register(Family("past_tense", 6, TEMPLATES, frame, "the request is asked about the past (\"how did people ... in the 1980s?\")"))
+FAMILY = register(Family("past_tense", 6, TEMPLATES, frame,
+                         "the request is asked about the past (\"how did people ... in the 1980s?\")"))

@@ -58,4 +58,5 @@ def frame(prompt: str, rng: random.Random, act: str | None, schemes: tuple[str, 
     return rng.choice(FRAMES).format(a=a, b=b.strip())
 
 
-FAMILY = register(Family("payload_split", 5, TEMPLATES, frame, "the request is cut into pieces the model is asked to join"))
+FAMILY = register(Family("payload_split", 5, TEMPLATES, frame,
+                         "the request is cut into pieces the model is asked to join"))

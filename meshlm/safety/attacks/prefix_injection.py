@@ -41,4 +41,5 @@ def frame(prompt: str, rng: random.Random, act: str | None, schemes: tuple[str, 
     return rng.choice(FRAMES).format(p=prompt)
 
 
-FAMILY = register(Family("prefix_injection", 1, TEMPLATES, frame, "the reply's first words are dictated (\"Sure, here is\")"))
+FAMILY = register(Family("prefix_injection", 1, TEMPLATES, frame,
+                         "the reply's first words are dictated (\"Sure, here is\")"))

@@ -43,4 +43,5 @@ def frame(prompt: str, rng: random.Random, act: str | None, schemes: tuple[str, 
     return rng.choice(FRAMES).format(p=prompt)
 
 
-FAMILY = register(Family("refusal_suppression", 2, TEMPLATES, frame, "refusing, apologising and warning are forbidden"))
+FAMILY = register(Family("refusal_suppression", 2, TEMPLATES, frame,
+                         "refusing, apologising and warning are forbidden"))

@@ -1,4 +1,5 @@
-"""The roleplay family: the model is cast as a character who would answer (a persona, a late relative, an actor, a villain).
+"""The roleplay family: the model is cast as a character who would answer (a persona, a late relative, an actor, a
+villain).
 
 ``TEMPLATES`` build the red-team evaluation attacks (every third one held out for evaluation), ``FRAMES`` the
 training frames; the two are written apart (base.py says why).
@@ -51,4 +52,6 @@ def frame(prompt: str, rng: random.Random, act: str | None, schemes: tuple[str, 
     return rng.choice(FRAMES).format(p=prompt)
 
 
-FAMILY = register(Family("roleplay", 0, TEMPLATES, frame, "the model is cast as a character who would answer (a persona, a late relative, an actor, a villain)"))
+FAMILY = register(Family("roleplay", 0, TEMPLATES, frame,
+                         "the model is cast as a character who would answer (a persona, a late relative, an "
+                         "actor, a villain)"))
