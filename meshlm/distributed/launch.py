@@ -71,12 +71,29 @@ def _attempt_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"meshlm/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
 
 
-def launch_local(nproc: int, max_restarts: int, worker_args: list[str], timeout_s: int) -> None:
-    """Run ``python -m meshlm <worker_args>`` on ``nproc`` local ranks under the elastic agent."""
+# glibc's malloc for CPU ranks: serve every block over 128 KiB by mmap, so a freed tensor's memory goes back to the
+# OS at once. With glibc's default the threshold grows to 32 MiB after the first large free and freed buffers stay
+# in the heap: an fsdp8 run of a 240M model peaked at 7.4 B/param per rank, 2.78 with this setting
+# (docs/benchmarks.md, "Peak memory per rank").
+CPU_RANK_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def rank_environment(cpu: bool) -> dict[str, str]:
+    """Variables the ranks get unless the user set them: one compute thread per rank (as torchrun does) and, for
+    CPU ranks, the allocator setting above."""
+    wanted = {"OMP_NUM_THREADS": "1", **(CPU_RANK_MALLOC_ENV if cpu else {})}
+    return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
+def launch_local(nproc: int, max_restarts: int, worker_args: list[str], timeout_s: int,
+                 cpu: bool | None = None) -> None:
+    """Run ``python -m meshlm <worker_args>`` on ``nproc`` local ranks under the elastic agent. ``cpu``: whether
+    the ranks compute on CPU (default: when this host has no CUDA device)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: one compute thread per rank
+    # Set in this process's environment, which the spawned ranks inherit (glibc reads MALLOC_* as a process starts).
+    os.environ.update(rank_environment(not torch.cuda.is_available() if cpu is None else cpu))
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"meshlm-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": timeout_s},
