@@ -95,7 +95,7 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
     if not d.on_policy_prompts and not d.probe_prompts:
         return data / "preference.jsonl"
     from meshlm.safety.evaluate import checkpoint_generator
-    from meshlm.safety.judge import RuleJudge
+    from meshlm.safety.judges import make_judge
     from meshlm.safety.onpolicy import write_on_policy_preferences
 
     out, summary = data / "preference_on_policy.jsonl", data / "on_policy.json"
@@ -103,7 +103,7 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
         log(f"on-policy pairs: reused {out}")
         return out
     generate = checkpoint_generator(sft, max_new_tokens=cfg.eval.max_new_tokens)
-    counts = write_on_policy_preferences(data, out, generate, RuleJudge().label, prompts=d.on_policy_prompts,
+    counts = write_on_policy_preferences(data, out, generate, make_judge("rule").label, prompts=d.on_policy_prompts,
                                          offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
                                          probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
     atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
@@ -162,7 +162,7 @@ def evaluate_model(name: str, checkpoint: Path, sets: dict[str, list[dict]], cfg
     """Greedy responses to every set, judged by ``judge`` (``eval.judge``'s, built here when None); writes
     eval/<name>/<set>/. With ``resume``, a set whose report exists for the same prompts and judge is reused."""
     from meshlm.safety.evaluate import checkpoint_generator, evaluate_safety, write_outputs
-    from meshlm.safety.judge import make_judge
+    from meshlm.safety.judges import make_judge
 
     generate = None
     judge = judge or make_judge(cfg.eval.judge)
@@ -218,7 +218,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     from meshlm.safety.synth import SynthSizes
     from meshlm.safety.usefulness import evaluate_checkpoint_facts, facts_vs_base
 
-    from meshlm.safety.judge import make_judge
+    from meshlm.safety.judges import make_judge
 
     judge = make_judge(cfg.eval.judge)  # a judge that cannot load fails here, before any training (an llm:
     # judge's URL and model name are checked for form only: the endpoint is first asked at evaluation)
