@@ -122,3 +122,11 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tiny_run: Path, tmp_path, capfd):
     code, _, err = _cli(capfd, "eval", "facts", "--checkpoint", str(tiny_run), "--out", str(tmp_path / "x"),
                         "--limit", "0")
     assert code == 2 and "--limit" in err
+
+
+def test_shipped_smollm2_align_config_loads_with_the_usefulness_target():
+    from meshlm.safety.align_config import DEFAULT_CONFIG, load_align_config
+
+    cfg = load_align_config(DEFAULT_CONFIG.parent / "align-smollm2.toml", ['base.checkpoint="runs/smol"'])
+    assert cfg.base.checkpoint == "runs/smol" and cfg.eval.facts == "" and cfg.eval.facts_max_drop == 0.03
+    assert cfg.sft.lr <= 1e-4 and cfg.dpo.enabled  # fine-tuning rates for a pretrained model, DPO on
