@@ -32,6 +32,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from meshlm.safety.align_config import load_align_config
+    from meshlm.safety.metrics import DEGENERACY, HEADLINE
     from meshlm.safety.pipeline import run_pipeline
 
     cfg = load_align_config(args.config, args.overrides)
@@ -48,7 +49,7 @@ def main() -> None:
     print(f"steps: {report['steps']}, data: {report['data']['counts']}, prompt sets: {report['sets']}")
     for set_name in ("heldout", "synthetic"):
         print(f"\n{set_name}: " + " | ".join(report["models"]))
-        for metric in ("refusal_rate", "false_refusal_rate", "warn_rate", "attack_success_rate"):
+        for metric in HEADLINE + DEGENERACY:
             cells = []
             for model in report["models"].values():
                 stat = model.get(set_name, {}).get(metric)
