@@ -44,14 +44,19 @@ def weights_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, JobConfig,
-                                                                                           dict[str, Any], Path]:
+def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu", *,
+                          generates: bool = False) -> tuple[nn.Module, JobConfig, dict[str, Any], Path]:
     """(model in eval mode, the job config it was trained with, its train state, the checkpoint folder). A LoRA
-    checkpoint comes back with its base (``checkpoint.init_from`` of its config) and its adapters, unmerged."""
+    checkpoint comes back with its base (``checkpoint.init_from`` of its config) and its adapters, unmerged.
+    ``generates=True``: refuse a model without a vocabulary head (a reward model's score head cannot generate)."""
     from meshlm.train.model_setup import rebuild_on_device
 
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt / "config.toml")
     # Post-training checkpoints rebuild what their objective and LoRA changed (a score head; base + adapters).
     model = rebuild_on_device(ckpt, cfg, torch.device(device))
+    if generates and model.output.out_features != cfg.model.vocab_size:
+        raise CheckpointError(f"{ckpt} is a {cfg.training.objective} model with {model.output.out_features} "
+                              f"output(s), not a vocabulary head (a reward model's score head): it scores sequences "
+                              "and cannot generate; pass a policy checkpoint")
     return model, cfg, read_train_state(ckpt), ckpt

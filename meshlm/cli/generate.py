@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from meshlm.cli.jsonout import emit
-from meshlm.errors import CheckpointError, ConfigError, DataError
+from meshlm.errors import ConfigError, DataError
 
 
 def register(sub, add_config_args) -> None:
@@ -97,10 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise ConfigError("--max-new-tokens and --num-samples must be at least 1")
     messages = chat_messages(args)
-    model, cfg, _, ckpt = model_from_checkpoint(args.checkpoint, args.device)
-    if cfg.training.objective == "reward":
-        raise CheckpointError(f"{ckpt} is a reward model (a score head, no vocabulary head): it scores sequences "
-                              "and cannot generate; pass a policy checkpoint")
+    model, cfg, _, ckpt = model_from_checkpoint(args.checkpoint, args.device, generates=True)
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
     eos_ids = checkpoint_eos_ids(ckpt, tokenizer.eos_id)  # e.g. Llama 3.1 Instruct ends turns with several
     if messages is not None:

@@ -1,8 +1,8 @@
 """Megatron-style tensor parallelism with DTensor, keyed by the model's module names.
 
 Per block: wq/wk/wv and w1/w3 are column-parallel (each rank owns whole heads / a slice of the SwiGLU width),
-wo and w2 row-parallel — as the family spec declares them (meshlm/models/family.py). Without sequence parallelism the block input is replicated and each row-parallel output
-is all-reduced. With sequence parallelism the norms and residual stream are sharded along the sequence; the
+wo and w2 row-parallel, as the family spec declares them (meshlm/models/family.py). Without sequence
+parallelism the block input is replicated and each row-parallel output is all-reduced. With sequence parallelism the norms and residual stream are sharded along the sequence; the
 all-reduce becomes an all-gather before attention/FFN and a reduce-scatter after (same total volume, norm
 activations 1/tp as large). With loss parallelism the output head keeps logits sharded along the vocabulary
 and the cross-entropy runs on the shards (`loss_parallel()`), so full logits are never gathered.

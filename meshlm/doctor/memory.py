@@ -7,7 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from meshlm.config.loader import config_to_toml, load_config
+from meshlm.distributed.launch import launch_local
+from meshlm.doctor.callbacks import run_callbacks
+from meshlm.planner.measure import read_measured
 from meshlm.planner.memory import GIB, KEYS
+from meshlm.planner.predict import layout_from_config, predict_rank
+from meshlm.train.run_dir import init_run_dir
+from meshlm.train.trainer import Trainer
 
 MEASURE_OVERRIDES = ["training.steps=3", "checkpoint.enabled=false", "training.eval_interval=0",
                      "metrics.interval=1", "metrics.tensorboard=false", "metrics.progress=plain",
@@ -17,13 +24,6 @@ ROWS = (*KEYS, "total")
 
 def measure_config(config: str | None, overrides: list[str], nproc: int, work: Path) -> list[dict[str, Any]]:
     """Train the config for a few steps with memory measurement on; the per-rank records."""
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.distributed.launch import launch_local
-    from meshlm.doctor.callbacks import run_callbacks
-    from meshlm.planner.measure import read_measured
-    from meshlm.train.run_dir import init_run_dir
-    from meshlm.train.trainer import Trainer
-
     overrides = [*overrides, *MEASURE_OVERRIDES]
     cfg = load_config(config, overrides)
     run_dir = work / "run"
@@ -38,9 +38,6 @@ def measure_config(config: str | None, overrides: list[str], nproc: int, work: P
 
 
 def compare(config: str | None, overrides: list[str], nproc: int, records: list[dict[str, Any]]) -> dict[str, Any]:
-    from meshlm.config.loader import load_config
-    from meshlm.planner.predict import layout_from_config, predict_rank
-
     cfg = load_config(config, overrides)
     spec, layout, training = layout_from_config(cfg, nproc)
     ranks = []

@@ -27,7 +27,8 @@ def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """PEFT key -> tensor for every LoRA layer of ``model`` (a whole, unsharded model)."""
     tensors = {}
     for name, module in lora_modules(model).items():
-        hf_module = DECODER.external_name(f"{name}.weight", "hf").removesuffix(".weight")  # model.layers.0.self_attn.q_proj
+        # e.g. model.layers.0.self_attn.q_proj
+        hf_module = DECODER.external_name(f"{name}.weight", "hf").removesuffix(".weight")
         for part in ("lora_A", "lora_B"):
             value = getattr(module, part).detach().to("cpu", torch.float32).contiguous().clone()
             tensors[f"base_model.model.{hf_module}.{part}.weight"] = value

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
 import torch
 from torch import nn
@@ -95,7 +96,8 @@ class ObjectiveContext:
     config, laid out like the policy (same mesh; sharded under FSDP2, replicated under DDP), with its weights
     loaded, ``requires_grad`` off and in eval mode; ``checkpoint=None`` means the policy's own starting weights
     (``checkpoint.init_from``, or the seeded initialisation when there is none). ``adapt(model)`` runs on the
-    meta model after the checkpoint's own objective adapted it (e.g. PPO adds a value head)."""
+    meta model after the checkpoint's own objective adapted it (e.g. PPO adds a value head). ``autocast()`` is
+    the precision context the trainer's own forwards run in (for forwards an objective runs itself)."""
 
     cfg: JobConfig
     engine: Engine
@@ -105,6 +107,7 @@ class ObjectiveContext:
     build_frozen: Callable[..., list[nn.Module]]
     train_loader: Any = None
     eval_loader: Any = None
+    autocast: Callable[[], ContextManager[Any]] = contextlib.nullcontext
     extra: dict[str, Any] = field(default_factory=dict)
 
 

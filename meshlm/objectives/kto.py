@@ -19,7 +19,6 @@ from torch import nn
 from meshlm.objectives.base import ObjectiveContext, pairs_to_rows
 from meshlm.objectives.losses import DEFAULT_BETA, SequenceLogps, kto_loss, kto_reference_point
 from meshlm.objectives.preference import PreferenceObjective, pair_logps
-from meshlm.train.precision import autocast
 
 
 class KTOObjective(PreferenceObjective):
@@ -28,7 +27,7 @@ class KTOObjective(PreferenceObjective):
     config_keys = (*PreferenceObjective.config_keys, "desirable_weight", "undesirable_weight")
 
     def setup(self, ctx: ObjectiveContext) -> None:
-        self.engine, self.policy, self.precision = ctx.engine, ctx.model_parts[0], ctx.cfg.training.precision
+        self.engine, self.policy, self.autocast = ctx.engine, ctx.model_parts[0], ctx.autocast
         tc = ctx.cfg.training
         self.chunk = tc.micro_batch_size or max(1, tc.batch_size // ctx.engine.dp_size)  # KL rows per forward
         super().setup(ctx)
@@ -48,7 +47,7 @@ class KTOObjective(PreferenceObjective):
         count = torch.zeros((), dtype=torch.float64, device=total.device)
         for start in range(0, n, self.chunk):
             part = {k: v[start:start + self.chunk] for k, v in kl_rows.items()}
-            with autocast(self.precision, total.device.type):
+            with self.autocast():
                 policy = pair_logps(model, part).sum
                 reference = self._side_logps(part, policy, column=1)
             s, c = kto_reference_point(policy, reference)

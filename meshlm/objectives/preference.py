@@ -30,7 +30,6 @@ from meshlm.objectives.losses import (
     sequence_logps,
     split_pairs,
 )
-from meshlm.train.precision import autocast
 
 PRECOMPUTE_PAIRS = 8  # pairs per reference forward while precomputing
 
@@ -75,7 +74,7 @@ class PreferenceObjective(Objective):
         if self.cfg.reference == "model":
             self.reference = reference
             return
-        with autocast(ctx.cfg.training.precision, ctx.device.type):  # as the training forwards run
+        with ctx.autocast():  # as the training forwards run
             self.reference_table = self._precompute(reference, [ctx.train_loader, ctx.eval_loader], ctx.device)
         del reference  # only the table stays
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from meshlm.config.posttrain import ObjectiveConfig
+from meshlm.data.posttrain import PromptLoader, pad_id_for
 from meshlm.errors import ConfigError
 from meshlm.generate.rollout import Rollout, SamplingConfig, rollout, unwrap
 from meshlm.models.llama import ParamInit
@@ -55,7 +56,6 @@ from meshlm.objectives.losses import (
     whiten,
 )
 from meshlm.objectives.rewards import call_reward_fn, load_reward_fn, reward_model_scores
-from meshlm.train.precision import autocast
 
 
 class ValueHead(nn.Linear):
@@ -113,9 +113,6 @@ class RLObjective(Objective):
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self, ctx: ObjectiveContext) -> None:
-        # Imported here: meshlm.data.posttrain imports objectives.base, whose package imports this module.
-        from meshlm.data.posttrain import PromptLoader, pad_id_for
-
         job, self.engine, self.device = ctx.cfg, ctx.engine, ctx.device
         tc, oc = job.training, self.cfg
         if len(ctx.model_parts) != 1 or ctx.engine.dims.tp > 1:
@@ -129,6 +126,7 @@ class RLObjective(Objective):
                               f"must be a multiple of objective.group_size x data-parallel ranks "
                               f"({oc.group_size} x {dp})")
         self.job, self.policy, self.tokenizer = job, ctx.model_parts[0], ctx.tokenizer
+        self.autocast = ctx.autocast  # the trainer's precision, for the rollout's and the copies' forwards
         self.loader = PromptLoader(ctx.train_loader.prompts, samples // oc.group_size,
                                    extras=ctx.train_loader.extras, max_prompt_tokens=job.data.seq_len,
                                    dp_rank=ctx.engine.dp_rank, dp_size=dp, seed=tc.seed)
@@ -220,7 +218,7 @@ class RLObjective(Objective):
         width = self._global_max(max(len(p) for p in prompts))
         self.policy.eval()
         start = time.perf_counter()
-        with autocast(self.job.training.precision, self.device.type):
+        with self.autocast():
             out = rollout(self.policy, prompts, self.sampling, device=self.device, all_finished=self._all_finished,
                           row_seeds=seeds, prompt_width=width)
         seconds = time.perf_counter() - start
@@ -237,7 +235,7 @@ class RLObjective(Objective):
         B = batch["input_ids"].shape[0]
         for start in range(0, B, self.chunk):
             part = {k: v[start:start + self.chunk] for k, v in batch.items()}
-            with autocast(self.job.training.precision, self.device.type):
+            with self.autocast():
                 logits, labels = forward_sequences(model, part)
             logps.append(token_logps(logits / self._temperature, labels))
             if values:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from meshlm.errors import CheckpointError, ConfigError
+from meshlm.errors import ConfigError
 
 
 class CheckpointGenerator:
@@ -28,10 +28,7 @@ class CheckpointGenerator:
 
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.model, cfg, _, self.checkpoint = model_from_checkpoint(path, device)
-        if cfg.training.objective == "reward":
-            raise CheckpointError(f"{self.checkpoint} is a reward model (a score head): it cannot generate; pass a "
-                                  "policy checkpoint")
+        self.model, cfg, _, self.checkpoint = model_from_checkpoint(path, device, generates=True)
         self.tokenizer = MeshTokenizer.load(self.checkpoint / "tokenizer.json")
         self.template = RowEncoder(self.tokenizer, self.checkpoint).template
         eos = set(checkpoint_eos_ids(self.checkpoint, self.tokenizer.eos_id))

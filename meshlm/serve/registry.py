@@ -163,9 +163,7 @@ class Registry:
         manifest = json.loads((ckpt / "manifest.json").read_text())
         files = {rel: meta["sha256"] for rel, meta in sorted(manifest["files"].items())}
         files["manifest.json"] = _sha256(ckpt / "manifest.json")
-        model, cfg, _, _ = model_from_checkpoint(ckpt)  # also loads a LoRA checkpoint's base
-        if cfg.training.objective == "reward":
-            raise CheckpointError(f"{ckpt} is a reward model (a score head): it cannot generate text to serve")
+        model, cfg, _, _ = model_from_checkpoint(ckpt, generates=True)  # also loads a LoRA checkpoint's base
         weights = weights_sha256(model)
         del model
         config = {section: to_dict(getattr(cfg, section)) for section in cfg.__dataclass_fields__}

@@ -20,6 +20,7 @@ from meshlm.config.schema import JobConfig
 from meshlm.objectives.base import Objective, ObjectiveContext
 from meshlm.train.data_setup import PostTrainData, open_posttrain_data
 from meshlm.train.model_setup import adapt_meta_model, build_frozen, load_lora_base
+from meshlm.train.precision import autocast
 
 
 class ObjectiveHooks:
@@ -45,7 +46,8 @@ class ObjectiveHooks:
             tokenizer=self.data.tokenizer if self.data is not None else None, model_parts=parts,
             build_frozen=lambda checkpoint=None, adapt=None: build_frozen(self.cfg, self.engine, self.objective,
                                                                          checkpoint, adapt),
-            train_loader=train_loader, eval_loader=eval_loader)
+            train_loader=train_loader, eval_loader=eval_loader,
+            autocast=lambda: autocast(self.cfg.training.precision, self.engine.device.type))
         self.objective.setup(ctx)
 
     def next_batch(self, loader: Any) -> dict[str, torch.Tensor]:

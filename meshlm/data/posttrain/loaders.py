@@ -28,7 +28,7 @@ from meshlm.data.posttrain.encode import PreferencePair
 from meshlm.data.posttrain.packing import SEQUENCE_KEYS, build_sequence, plan_packing, plan_padded, row_labels
 from meshlm.data.posttrain.templates import Encoded
 from meshlm.errors import DataError
-from meshlm.objectives.base import IGNORE_INDEX
+from meshlm.models.head import IGNORE_INDEX
 
 STATE_VERSION = 1
 

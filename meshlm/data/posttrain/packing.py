@@ -20,7 +20,7 @@ import numpy as np
 
 from meshlm.data.posttrain.templates import Encoded
 from meshlm.errors import DataError
-from meshlm.objectives.base import IGNORE_INDEX
+from meshlm.models.head import IGNORE_INDEX
 
 SEQUENCE_KEYS = ("input_ids", "labels", "position_ids", "document_ids")
 
