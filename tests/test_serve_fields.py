@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 from meshlm.serve.decode import token_piece
+from meshlm.serve.launch import ServeOptions, make_loader
 from meshlm.serve.local import LocalBackend
 from meshlm.serve.registry import Registry
 from meshlm.serve.rollout import Router
@@ -36,6 +36,7 @@ class NullAudit:
 
     def __init__(self) -> None:
         self.records: list[dict] = []
+        self.lines: list[str] = []
 
     def append(self, record: dict) -> None:
         self.records.append(record)
@@ -62,10 +63,8 @@ def start_in_process(registry: Registry, refs: list[str], admin_token: str | Non
     """A Server on a loop of its own thread; yields InProcess, then stops it."""
     import uvicorn
 
-    async def load(entry):
-        return await asyncio.to_thread(LocalBackend.load, entry, max_tokens_cap=96, max_batch=max_batch,
-                                       max_queue=32)
-
+    load = make_loader(ServeOptions(str(registry.path), [], "", device="cpu", max_batch=max_batch, max_queue=32,
+                                    max_tokens_cap=96), registry)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -73,7 +72,7 @@ def start_in_process(registry: Registry, refs: list[str], admin_token: str | Non
     for ref in refs:
         asyncio.run_coroutine_threadsafe(router.serve(ref), loop).result(120)
     audit = NullAudit()
-    server = Server(router, audit, admin_token, log=lambda line: print(line, file=sys.stderr))  # pytest keeps it
+    server = Server(router, audit, admin_token, log=audit.lines.append)  # the server's log lines, for debugging
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

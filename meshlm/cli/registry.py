@@ -19,6 +19,8 @@ def register(sub, add_config_args) -> None:
     add.add_argument("--endpoint", metavar="URL", help="instead of a checkpoint: the base URL of an "
                                                        "OpenAI-compatible server (…/v1), e.g. a vLLM server")
     add.add_argument("--remote-model", help="with --endpoint: the model name to ask it for (default NAME)")
+    add.add_argument("--adapter-of", metavar="NAME:vN", help="the checkpoint is a LoRA adapter of this registered "
+                     "version: served on that base, batched with its other adapters")
     add.add_argument("--name", required=True)
     add.add_argument("--report", metavar="EVAL_DIR/report.json",
                      help="the `meshlm eval safety` report; without one (or with failed gates) serving or rolling "
@@ -46,9 +48,13 @@ def run_add(args: argparse.Namespace) -> int:
         raise ConfigError("registry add: give a CHECKPOINT or --endpoint URL (exactly one)")
     if args.remote_model and not args.endpoint:
         raise ConfigError("--remote-model goes with --endpoint")
+    if args.adapter_of and args.endpoint:
+        raise ConfigError("--adapter-of goes with a CHECKPOINT (a LoRA run), not --endpoint")
     registry = Registry(args.registry)
     if args.endpoint:
         entry = registry.add_endpoint(args.endpoint, args.name, args.remote_model, args.report)
+    elif args.adapter_of:
+        entry = registry.add_adapter(args.checkpoint, args.name, args.adapter_of, args.report)
     else:
         entry = registry.add_checkpoint(args.checkpoint, args.name, args.report)
     if args.json:
@@ -58,6 +64,9 @@ def run_add(args: argparse.Namespace) -> int:
         print(f"registered {entry.ref}: {entry.kind} {entry.source}{note}")
         if entry.weights_sha256:
             print(f"weights_sha256 {entry.weights_sha256}")
+        if entry.adapter:
+            print(f"adapter of {entry.adapter['of']} (base {entry.adapter['base_weights_sha256'][:12]}, adapter "
+                  f"{entry.adapter['adapter_sha256'][:12]})")
     return 0
 
 
@@ -107,6 +116,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 def _summary(e) -> dict:
     keep = ("ref", "name", "version", "kind", "source", "remote_model", "weights_sha256", "gate_status", "servable",
-            "created_by", "created_at")
+            "created_by", "created_at", "adapter")
     doc = e.to_json()
     return {k: doc[k] for k in keep}

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 
 from meshlm.generate.rollout import left_pad
 from meshlm.models.llama import KVCache
+from meshlm.serve.multilora import AdapterBank
 from meshlm.serve.decode import (RowLogits, TextStream, TokenMask, choice_seed, pick_tokens, prompt_logprobs,
                                  token_logprob)
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Sampling, TokenLogprob, overloaded
@@ -48,6 +50,7 @@ class Sequence:
     group: object | None = None  # shared by the n rows of one request: they are prefilled once
     logits: RowLogits | None = None  # bias, penalties, a grammar mask; None: sample the model's logits as they are
     echo: str | None = None  # completions with echo: the prompt's text, sent first
+    adapter: int = 0  # the LoRA adapter's slot in the engine's AdapterBank (0: the base model)
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     done: bool = False
@@ -86,8 +89,9 @@ class BatchEngine:
     """A model behind a queue: ``submit`` enqueues (or refuses when the queue is full); one thread decodes."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: MeshTokenizer, *, max_batch: int = 16,
-                 max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine") -> None:
-        self.model, self.tokenizer = model, tokenizer
+                 max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine",
+                 bank: AdapterBank | None = None) -> None:
+        self.model, self.tokenizer, self.bank = model, tokenizer, bank
         self.max_batch, self.max_queue = max_batch, max_queue
         self.device = torch.device(device)
         self.context = model.cfg.max_seq_len
@@ -116,7 +120,7 @@ class BatchEngine:
 
     def submit_choices(self, prompt: list[int], max_new: int, sampling: Sampling, eos: frozenset[int],
                        emit: Callable[[Event], None], *, echo: str | None = None,
-                       masks: list[TokenMask] | None = None) -> list[Sequence]:
+                       masks: list[TokenMask] | None = None, adapter: int = 0) -> list[Sequence]:
         """``sampling.n`` rows of one prompt, each with its own generator (choice_seed) and ``masks[i]``."""
         assert prompt and max_new >= 1 and len(prompt) + max_new <= self.context, "checked by the caller"
         if sampling.n > self.max_batch:
@@ -124,7 +128,7 @@ class BatchEngine:
                            param="n", code="n_above_max_batch")
         group = object()
         rows = [Sequence(prompt, max_new, sampling, eos, TextStream(self.tokenizer, sampling.stop), emit,
-                         self._generator(sampling, i), index=i, group=group, echo=echo,
+                         self._generator(sampling, i), index=i, group=group, echo=echo, adapter=adapter,
                          logits=RowLogits.for_request(sampling, self.model.cfg.vocab_size, self.device,
                                                       masks[i] if masks else None))
                 for i in range(sampling.n)]
@@ -215,7 +219,8 @@ class BatchEngine:
         U, P = ids.shape
         positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (U, P)
         cache = net.new_cache(U, P, device=self.device)
-        logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P, V)
+        with self._adapters(unique):
+            logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P, V)
         self._stats["prefills"] += 1
         self._stats["prefill_rows"] += U
         if U < len(joining):  # n > 1: copy each request's KV rows to its other choices
@@ -271,15 +276,29 @@ class BatchEngine:
         """One decode step for every active row."""
         cur = self._cursor
         self._mask[:, cur] = True
-        if self._dense:  # no row has padding (e.g. a single row): slot == position, the plain causal path
-            logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur)  # (B, 1, V)
-        else:
-            logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur,
-                                position_ids=self._pos[:, None], padding_mask=self._mask[:, :cur + 1])
+        with self._adapters(self._rows):
+            if self._dense:  # no row has padding (e.g. a single row): slot == position, the plain causal path
+                logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur)  # (B, 1, V)
+            else:
+                logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur,
+                                    position_ids=self._pos[:, None], padding_mask=self._mask[:, :cur + 1])
         self._cursor, self._pos = cur + 1, self._pos + 1
         self._stats["decode_steps"] += 1
         self._stats["batch_rows"] += len(self._rows)
         self._accept(self._rows, logits[:, -1], range(len(self._rows)))
+
+    @contextmanager
+    def _adapters(self, rows: list[Sequence]) -> Iterator[None]:
+        """Each row's LoRA adapter for one forward (nothing to do without an adapter bank)."""
+        if self.bank is None:
+            yield
+            return
+        with self.bank.lock:
+            self.bank.select([s.adapter for s in rows])
+            try:
+                yield
+            finally:
+                self.bank.rows = None
 
     def _accept(self, rows: list[Sequence], logits: torch.Tensor, slots: range) -> None:
         tokens, infos = pick_tokens(logits, [s.sampling.temperature for s in rows], [s.sampling.top_p for s in rows],

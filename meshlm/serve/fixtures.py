@@ -24,3 +24,34 @@ def random_checkpoints(root: str | Path, flavor: str = "debug", vocab_size: int 
     manager = CheckpointManager(root, keep_last=len(steps))
     return [manager.save(step, [build_model(cfg.model, "cpu", seed=step)], None, {"step": step},
                          config_to_toml(cfg), {"tokenizer.json": root / "tokenizer.json"}) for step in steps]
+
+
+def random_adapter(base: str | Path, root: str | Path, seed: int, rank: int = 4, alpha: float = 8.0,
+                   targets: tuple[str, ...] = ("q", "v", "down"), scale: float = 0.05) -> Path:
+    """A LoRA checkpoint over the checkpoint ``base`` (``checkpoint.init_from``) whose B matrices are random
+    (normal, ``scale``), not zero as after initialisation, so the adapter changes the model's output."""
+    import torch
+
+    from meshlm.checkpoint.load import resolve_checkpoint
+    from meshlm.checkpoint.manager import CheckpointManager
+    from meshlm.config.loader import config_to_toml, load_config
+    from meshlm.distributed.init import materialize
+    from meshlm.models.lora import lora_modules
+    from meshlm.objectives import build_objective
+    from meshlm.train.model_setup import adapt_meta_model, load_lora_base, meta_model
+
+    base = resolve_checkpoint(base)
+    cfg = load_config(base / "config.toml", ["training.objective=sft", f"checkpoint.init_from={base}",
+                                             f"lora.rank={rank}", f"lora.alpha={alpha}",
+                                             f"lora.targets={','.join(targets)}", f"training.seed={seed}"])
+    model = meta_model(cfg.model)
+    adapt_meta_model(model, build_objective(cfg.training.objective, cfg.objective), cfg)
+    materialize(model, "cpu", seed)
+    load_lora_base(cfg, [model])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, module in sorted(lora_modules(model).items()):
+            module.lora_B.copy_(torch.randn(module.lora_B.shape, generator=generator) * scale)
+    manager = CheckpointManager(Path(root), keep_last=1)
+    return manager.save(1, [model], None, {"step": 1, "lora_base": str(base)}, config_to_toml(cfg),
+                        {"tokenizer.json": base / "tokenizer.json"})

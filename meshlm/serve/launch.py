@@ -36,17 +36,32 @@ class ServeOptions:
     max_tokens_cap: int = 1024
 
 
-def make_loader(opts: ServeOptions):
-    """entry -> Backend: a remote endpoint, or a checkpoint loaded (verified) in a worker thread."""
+def make_loader(opts: ServeOptions, registry=None):
+    """entry -> Backend: a remote endpoint, a checkpoint loaded (verified) in a worker thread, or an adapter on its
+    base (the base loaded once, shared by the base's own version and all its adapters)."""
     import anyio
     import torch
 
     from meshlm.serve.gateway import RemoteBackend
-    from meshlm.serve.local import LocalBackend
+    from meshlm.serve.local import AdapterBackend, LocalBackend
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    bases: dict[str, LocalBackend] = {}
+
+    async def local(entry) -> LocalBackend:
+        backend = await anyio.to_thread.run_sync(lambda: LocalBackend.load(
+            entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
+            max_queue=opts.max_queue))
+        bases[entry.ref] = backend
+        return backend
 
     async def load(entry):
+        if entry.kind == "adapter":
+            base = bases.get(entry.adapter["of"])
+            if base is None or base.closed:
+                base = await local(registry.get(entry.adapter["of"]))
+                base.holders -= 1  # held by its adapters only (not served as its own version)
+            return await anyio.to_thread.run_sync(AdapterBackend.load, entry, base)
         if entry.kind == "endpoint":
             remote = RemoteBackend(entry, max_tokens_cap=opts.max_tokens_cap, max_inflight=opts.max_queue)
             try:
@@ -55,9 +70,11 @@ def make_loader(opts: ServeOptions):
                 await remote.aclose()
                 raise
             return remote
-        return await anyio.to_thread.run_sync(lambda: LocalBackend.load(
-            entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
-            max_queue=opts.max_queue))
+        base = bases.get(entry.ref)
+        if base is not None and not base.closed:  # already loaded for its adapters: share it
+            base.holders += 1
+            return base
+        return await local(entry)
     return load
 
 
@@ -99,7 +116,7 @@ async def _serve(opts: ServeOptions) -> None:
         raise ConfigError(", ".join(f"{e.ref} (gates: {e.gate_status})" for e in blocked) +
                           ": no passing safety report; register one with --report, or pass --force (audited)")
     audit = AuditLog(opts.audit)
-    router = Router(registry, make_loader(opts), registry.secret("user_hash_key"))
+    router = Router(registry, make_loader(opts, registry), registry.secret("user_hash_key"))
     try:
         for entry in entries:
             try:

@@ -20,6 +20,7 @@ import torch
 from meshlm.errors import CheckpointError, UserError
 from meshlm.serve.engine import BatchEngine, Sequence
 from meshlm.serve.grammar import GrammarEngine
+from meshlm.serve.multilora import AdapterBank, lora_tensors
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job
 from meshlm.serve.registry import ModelVersion, verify_files
 from meshlm.serve.tools import encode_with_tools
@@ -108,8 +109,10 @@ class LocalBackend:
         self.max_tokens_cap = max_tokens_cap
         self._mailbox: Mailbox | None = None
         self.grammar = GrammarEngine(tokenizer, sorted(self.eos | self.chat_eos))
+        self.bank = AdapterBank(model)  # LoRA adapters served on this base (none until one is loaded)
+        self.holders = 1  # this version's own deployment, plus one per adapter version served on it
         self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
-                                  name=f"engine-{ref}")
+                                  name=f"engine-{ref}", bank=self.bank)
 
     @classmethod
     def load(cls, entry: ModelVersion, *, device: str = "cpu", max_tokens_cap: int = 1024, max_batch: int = 16,
@@ -135,7 +138,7 @@ class LocalBackend:
         return cls(entry.ref, model, tokenizer, chat_template_for(tokenizer, ckpt), eos, chat_eos,
                    max_tokens_cap=max_tokens_cap, max_batch=max_batch, max_queue=max_queue, device=device)
 
-    async def submit(self, job: Job) -> LocalHandle:
+    async def submit(self, job: Job, adapter: int = 0) -> LocalHandle:
         prompt = self._encode(job)
         max_new = self._max_new(len(prompt), job.sampling.max_tokens, "messages" if job.kind == "chat" else "prompt")
         loop = asyncio.get_running_loop()
@@ -147,14 +150,21 @@ class LocalBackend:
         echo = self._echo_text(job, prompt) if job.sampling.echo else None
         masks = self.grammar.masks(job.response_format, job.sampling.n) if job.response_format else None
         handle.seqs = self.engine.submit_choices(prompt, max_new, job.sampling, eos, handle.put, echo=echo,
-                                                 masks=masks)
+                                                 masks=masks, adapter=adapter)
         return handle
 
     def status(self) -> dict[str, Any]:
         return {"kind": "checkpoint", "context": self.context, **self.engine.status()}
 
     async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self.engine.close)
+        """Release one holder; the engine stops (after its in-flight requests) when none is left."""
+        self.holders -= 1
+        if self.holders <= 0:
+            await anyio.to_thread.run_sync(self.engine.close)
+
+    @property
+    def closed(self) -> bool:
+        return self.holders <= 0
 
     # --- request checks ----------------------------------------------------------------------------------------
     def _encode(self, job: Job) -> list[int]:
@@ -206,3 +216,42 @@ class LocalBackend:
                                 f"{max_tokens or 1} or more were asked for: shorten the prompt or lower max_tokens",
                            param=prompt_param, code="context_length_exceeded")
         return max_tokens if max_tokens is not None else min(self.max_tokens_cap, self.context - prompt_len)
+
+
+class AdapterBackend:
+    """A LoRA adapter version served on its loaded base: its rows decode in the base's batch, beside the base's
+    own rows and other adapters' (meshlm/serve/multilora.py)."""
+
+    def __init__(self, ref: str, base: LocalBackend, slot: int) -> None:
+        self.ref, self.base, self.slot = ref, base, slot
+
+    @classmethod
+    def load(cls, entry: ModelVersion, base: LocalBackend) -> AdapterBackend:
+        """Verify the adapter's files and weights against the registry, then load its tensors into a slot."""
+        from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
+
+        if entry.adapter is None or entry.adapter.get("base_weights_sha256") is None:
+            raise CheckpointError(f"{entry.ref}: not an adapter version")
+        folder = verify_files(entry)
+        model, _, _, _ = model_from_checkpoint(folder, "cpu")
+        actual = weights_sha256(model)
+        if actual != entry.weights_sha256:
+            raise CheckpointError(f"{entry.ref}: base + adapter hash to {actual[:12]}, the registry recorded "
+                                  f"{str(entry.weights_sha256)[:12]} (its base changed?); register it again")
+        tensors = lora_tensors(model)
+        del model
+        base.holders += 1
+        return cls(entry.ref, base, base.bank.add(entry.ref, tensors))
+
+    async def submit(self, job: Job) -> LocalHandle:
+        return await self.base.submit(job, adapter=self.slot)
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": "adapter", "base": self.base.ref, "slot": self.slot, "adapters_on_base":
+                len(self.base.bank.slots), "adapter_bytes_on_base": self.base.bank.nbytes(),
+                **self.base.engine.status()}
+
+    async def aclose(self) -> None:
+        """Called once this version's in-flight requests are done: free the slot, release the base."""
+        await anyio.to_thread.run_sync(self.base.bank.remove, self.ref)
+        await self.base.aclose()

@@ -3,7 +3,10 @@
 A checkpoint version records its path, the sha256 of every file of the checkpoint (from its manifest, re-hashed
 when registered), the ``weights_sha256`` that ``meshlm inspect`` prints, its config, the safety report of
 ``meshlm eval safety`` with its gate status, and who registered it when. An endpoint version records the base
-URL of an OpenAI-compatible server (vLLM, another meshlm server) and the model name to ask it for.
+URL of an OpenAI-compatible server (vLLM, another meshlm server) and the model name to ask it for. An adapter
+version is a LoRA checkpoint over a registered base version: it records the base's reference and weights hash
+(which the adapter's own base must match) and the adapter tensors' hash; the server serves it on the loaded
+base, batched with the base's other adapters.
 
 Loading refuses a checkpoint whose files no longer hash to what was recorded (re-registering is the way to
 accept new weights), and a version without a safety report, or whose gates failed, is "not servable": serving
@@ -72,6 +75,7 @@ class ModelVersion:
     gates_passed: bool | None  # None: no report
     created_by: str
     created_at: str
+    adapter: dict[str, Any] | None = None  # an adapter version: {"of", "base_weights_sha256", "adapter_sha256"}
 
     @property
     def ref(self) -> str:
@@ -146,6 +150,9 @@ class Registry:
             self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
                                          timeout=30.0)
             self._conn.executescript(_SCHEMA)
+            columns = {r[1] for r in self._conn.execute("PRAGMA table_info(versions)")}
+            if "adapter" not in columns:  # a registry written before adapter versions existed
+                self._conn.execute("ALTER TABLE versions ADD COLUMN adapter TEXT")
         except sqlite3.DatabaseError as exc:
             raise RegistryError(f"registry {self.path} is not a usable SQLite file ({exc})") from None
 
@@ -169,6 +176,44 @@ class Registry:
         config = {section: to_dict(getattr(cfg, section)) for section in cfg.__dataclass_fields__}
         return self._insert(name, "checkpoint", str(ckpt), None, weights, files, config, report)
 
+    def add_adapter(self, checkpoint: str | Path, name: str, adapter_of: str,
+                    report: str | Path | None = None) -> ModelVersion:
+        """Register a LoRA checkpoint as the next NAME:vN, an adapter of the registered checkpoint ``adapter_of``
+        (its base weights must be that version's, bit for bit)."""
+        from types import SimpleNamespace
+
+        from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint, weights_sha256
+        from meshlm.config.base import to_dict
+        from meshlm.models.lora import lora_modules
+
+        check_name(name)
+        base = self.get(adapter_of)
+        if base.kind != "checkpoint":
+            raise ConfigError(f"--adapter-of {adapter_of}: a {base.kind} version; an adapter needs a checkpoint "
+                              "version as its base")
+        ckpt = resolve_checkpoint(checkpoint).resolve()
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        files = {rel: meta["sha256"] for rel, meta in sorted(manifest["files"].items())}
+        files["manifest.json"] = _sha256(ckpt / "manifest.json")
+        model, cfg, _, _ = model_from_checkpoint(ckpt, generates=True)
+        if not lora_modules(model):
+            raise ConfigError(f"{checkpoint}: not a LoRA checkpoint (lora.rank = 0); register it without "
+                              "--adapter-of")
+        state = model.state_dict()
+        lora = {k: v for k, v in state.items() if ".lora_" in k}
+        # weights_sha256 reads .state_dict(): hand it the base part and the adapter part separately.
+        base_part = {k: v for k, v in state.items() if k not in lora}
+        base_hash = weights_sha256(SimpleNamespace(state_dict=lambda: base_part))
+        if base_hash != base.weights_sha256:
+            raise CheckpointError(f"{checkpoint}: its base weights hash to {base_hash[:12]}, {adapter_of}'s to "
+                                  f"{str(base.weights_sha256)[:12]}; it is an adapter of another model")
+        adapter = {"of": base.ref, "base_weights_sha256": base_hash,
+                   "adapter_sha256": weights_sha256(SimpleNamespace(state_dict=lambda: lora))}
+        weights = weights_sha256(model)
+        del model
+        config = {section: to_dict(getattr(cfg, section)) for section in cfg.__dataclass_fields__}
+        return self._insert(name, "adapter", str(ckpt), None, weights, files, config, report, adapter)
+
     def add_endpoint(self, url: str, name: str, remote_model: str | None = None,
                      report: str | Path | None = None) -> ModelVersion:
         """Register a model served elsewhere: ``url`` is the base URL an OpenAI client takes (…/v1)."""
@@ -178,7 +223,8 @@ class Registry:
         return self._insert(name, "endpoint", url.rstrip("/"), remote_model or name, None, {}, {}, report)
 
     def _insert(self, name: str, kind: str, source: str, remote_model: str | None, weights: str | None,
-                files: dict[str, str], config: dict, report_path: str | Path | None) -> ModelVersion:
+                files: dict[str, str], config: dict, report_path: str | Path | None,
+                adapter: dict[str, Any] | None = None) -> ModelVersion:
         report = read_report(report_path) if report_path is not None else None
         gates = None if report is None else report["passed"]
         digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else None
@@ -187,10 +233,13 @@ class Registry:
         try:
             row = conn.execute("SELECT MAX(version) FROM versions WHERE name = ?", (name,)).fetchone()
             version = (row[0] or 0) + 1
-            conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            conn.execute("INSERT INTO versions (name, version, kind, source, remote_model, weights_sha256, "
+                         "checkpoint_sha256, files, config, report, gates_passed, created_by, created_at, adapter) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (name, version, kind, source, remote_model, weights, digest, json.dumps(files),
                           json.dumps(config), json.dumps(report) if report else None,
-                          None if gates is None else int(gates), _user(), _now()))
+                          None if gates is None else int(gates), _user(), _now(),
+                          json.dumps(adapter) if adapter else None))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -262,7 +311,8 @@ def _user() -> str:
 
 
 def _version(row: tuple) -> ModelVersion:
-    (name, version, kind, source, remote_model, weights, digest, files, config, report, gates, by, at) = row
+    (name, version, kind, source, remote_model, weights, digest, files, config, report, gates, by, at,
+     adapter) = row
     return ModelVersion(name, version, kind, source, remote_model, weights, digest, json.loads(files),
                         json.loads(config), json.loads(report) if report else None,
-                        None if gates is None else bool(gates), by, at)
+                        None if gates is None else bool(gates), by, at, json.loads(adapter) if adapter else None)

@@ -130,7 +130,10 @@ class Server:
             for name, dep in self.router.deployments.items():
                 data.append({"id": name, "object": "model", "created": 0, "owned_by": "meshlm",
                              "stable": dep.to_json()["stable_ref"], "candidate": dep.to_json()["candidate_ref"]})
-            data += [{"id": ref, "object": "model", "created": 0, "owned_by": "meshlm"} for ref in self.router.backends]
+            for ref, backend in self.router.backends.items():  # an adapter names its base as its parent
+                base = getattr(backend, "base", None)
+                data.append({"id": ref, "object": "model", "created": 0, "owned_by": "meshlm",
+                             **({"parent": base.ref} if base is not None else {})})
             return {"object": "list", "data": data}
 
         @app.post("/v1/chat/completions")
