@@ -46,6 +46,7 @@ def test_build_parser_does_not_import_torch():
     (["train", "--no-such-flag"], 2),  # argparse's own error
     (["config", "show", "--set", "training.stepz=3"], 2),  # a config error (did you mean ...)
     (["bench", "generate", "--checkpoint", "nowhere", "--batch", "0"], 2),  # a value checked in run()
+    (["bench", "train", "--lora-rank", "4", "--lora-targets", "q,wq"], 2),
 ])
 def test_cli_answers_without_torch(argv, exit_code):
     code, torch_loaded, stderr = _run(argv)

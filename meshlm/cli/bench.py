@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 
 from meshlm.cli.jsonout import emit
+from meshlm.models.family import DECODER
+
+LORA_TARGETS = DECODER.lora_targets  # from the torch-free family spec: the parser must not import torch
 
 
 def register(sub, add_config_args) -> None:
@@ -20,8 +23,16 @@ def register(sub, add_config_args) -> None:
     t.add_argument("--compile", action="store_true", help="torch.compile each block")
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     t.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    t.add_argument("--checkpoint", help="a run directory or step folder (e.g. a converted model) instead of "
+                                        "--flavor's random weights")
+    t.add_argument("--lora-rank", type=int, default=0, help="LoRA of this rank, base frozen (0: full fine-tune)")
+    t.add_argument("--lora-targets", default=",".join(LORA_TARGETS),
+                   help=f"comma-separated projections to adapt (default: all seven, {','.join(LORA_TARGETS)})")
+    t.add_argument("--lora-alpha", type=float, default=16.0)
+    t.add_argument("--compare-full", action="store_true", help="with --lora-rank: also time the full fine-tune step")
     t.add_argument("--compare-hf", action="store_true",
-                   help="also run transformers' LlamaForCausalLM with the same dimensions and report the ratio")
+                   help="also run transformers' model on the same weights (PEFT's LoRA with --lora-rank) and report "
+                        "the ratio")
     t.add_argument("--json", action="store_true")
     t.set_defaults(handler=run)
     _register_generate(bsub)
@@ -52,12 +63,21 @@ def _default_device() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from meshlm.errors import ConfigError
+
+    if min(args.batch, args.seq, args.steps) < 1 or args.warmup < 0 or args.lora_rank < 0:
+        raise ConfigError("--batch, --seq and --steps must be at least 1, --warmup and --lora-rank at least 0")
+    targets = tuple(t for t in args.lora_targets.replace(" ", "").split(",") if t)
+    unknown = sorted(set(targets) - set(LORA_TARGETS))
+    if unknown or not targets:
+        raise ConfigError(f"--lora-targets {args.lora_targets!r}: choose from {','.join(LORA_TARGETS)}")
+    if args.compare_full and not args.lora_rank:
+        raise ConfigError("--compare-full compares a LoRA step with the full one: add --lora-rank R")
     from meshlm.train.bench import bench_train
 
-    if min(args.batch, args.seq, args.steps) < 1 or args.warmup < 0:
-        raise ConfigError("--batch, --seq and --steps must be at least 1, --warmup at least 0")
     r = bench_train(args.flavor, args.batch, args.seq, args.steps, warmup=args.warmup, compile=args.compile,
-                    precision=args.precision, device=args.device or _default_device(), compare_hf=args.compare_hf)
+                    precision=args.precision, device=args.device or _default_device(), compare_hf=args.compare_hf,
+                    checkpoint=args.checkpoint, lora_rank=args.lora_rank, lora_targets=targets,
+                    lora_alpha=args.lora_alpha, compare_full=args.compare_full)
     if args.json:
         emit(r)
         return 0
@@ -65,8 +85,14 @@ def run(args: argparse.Namespace) -> int:
           f"{'compiled' if r['compile'] else 'eager'}, {r['device']} ({r['num_threads']} threads)")
     print(f"  {r['tokens_per_s']:,.0f} tokens/s, {r['achieved_flops'] / 1e9:.2f} GFLOP/s achieved, "
           f"peak {r['matmul_peak_flops'] / 1e9:.2f} GFLOP/s ({r['peak_source']}), MFU {100 * r['mfu']:.1f}%")
+    if r["lora_rank"]:
+        print(f"  LoRA rank {r['lora_rank']} on {','.join(r['lora_targets'])}: {r['trainable_params']:,} trainable "
+              f"parameters, {r['step_time_s']:.2f} s per step")
+    if "full_step_time_s" in r:
+        print(f"  full fine-tune: {r['full_step_time_s']:.2f} s per step; LoRA/full = {r['lora_to_full_step']:.2f}")
     if "ratio_to_hf" in r:
-        print(f"  transformers LlamaForCausalLM: {r['hf_tokens_per_s']:,.0f} tokens/s; meshlm/HF = "
+        peer = "transformers + PEFT" if r["hf_peft"] else "transformers"
+        print(f"  {peer}: {r['hf_tokens_per_s']:,.0f} tokens/s ({r['hf_step_time_s']:.2f} s per step); meshlm/HF = "
               f"{r['ratio_to_hf']:.2f}")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from typing import Any, Callable
@@ -14,10 +15,13 @@ from meshlm.distributed.engine import Engine
 from meshlm.errors import ConfigError
 from meshlm.models import build_model, flavor_config
 from meshlm.models.config import ModelConfig
+from meshlm.models.lora import HF_TARGETS, TARGETS, apply_lora, reset_lora_parameters
 from meshlm.objectives import NextTokenObjective
 from meshlm.train.flops import model_flops_per_token, peak_flops
 from meshlm.train.optim import build_optimizer
 from meshlm.train.precision import autocast
+
+ALL_LORA_TARGETS = tuple(TARGETS)  # the seven projections of a block
 
 
 def _sync(device: torch.device) -> None:
@@ -49,15 +53,17 @@ def _train_step_fn(model: nn.Module, loss_fn: Callable[[nn.Module, dict], torch.
                    precision: str, device: torch.device) -> Callable[[], None]:
     optimizer = build_optimizer(model, OptimizerConfig())
     num_tokens = batch["labels"].numel()
+    trainable = [p for p in model.parameters() if p.requires_grad]
 
     def step() -> None:
         with autocast(precision, device.type):
             loss = loss_fn(model, batch) / num_tokens
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    step.trainable_params = sum(p.numel() for p in trainable)  # type: ignore[attr-defined]
     return step
 
 
@@ -69,58 +75,96 @@ def synthetic_batch(cfg: ModelConfig, batch: int, seq: int, device: torch.device
 
 def bench_train(flavor: str, batch: int, seq: int, steps: int, *, warmup: int = 2, compile: bool = False,
                 precision: str = "fp32", device: str = "cpu", compare_hf: bool = False,
-                cpu_time: bool = False, fused_head: bool = True) -> dict[str, Any]:
-    """tokens/s of meshlm's training step from the median step time; with ``compare_hf``, transformers' Llama
-    of the same shapes stepped alternately with it in this process, and the ratio of the medians. ``cpu_time``:
-    time steps by the thread's CPU time instead of wall time (CPU, one thread only). ``fused_head=False``: meshlm
-    takes the loss from logits (the path TP and PP use) instead of its fused head, to measure what the head buys."""
+                cpu_time: bool = False, fused_head: bool = True, checkpoint: str | None = None,
+                lora_rank: int = 0, lora_targets: tuple[str, ...] = ALL_LORA_TARGETS, lora_alpha: float = 16.0,
+                compare_full: bool = False) -> dict[str, Any]:
+    """tokens/s of meshlm's training step from the median step time; with ``compare_hf``, transformers' model (and
+    PEFT's LoRA with ``lora_rank``) on the same weights stepped alternately with it in this process, and the
+    ratio of the medians. ``checkpoint``: a converted or trained run instead of a flavour's random weights.
+    ``lora_rank`` > 0: LoRA on ``lora_targets`` (the base frozen); ``compare_full`` also times the full fine-tune
+    step of the same model. ``cpu_time``: time steps by the thread's CPU time instead of wall time (CPU, one
+    thread only). ``fused_head=False``: meshlm takes the loss from logits (the path TP and PP use) instead of its
+    fused head, to measure what the head buys."""
     dev = torch.device(device)
     if cpu_time and (dev.type != "cpu" or torch.get_num_threads() != 1):
         raise ConfigError("CPU-time timing needs --device cpu and --threads 1 (other threads' work is not counted)")
-    cfg = flavor_config(flavor)
-    cfg.max_seq_len = max(cfg.max_seq_len, seq)
+    base = _base_model(flavor, checkpoint, seq, dev)
+    cfg = base.cfg
     data = synthetic_batch(cfg, batch, seq, dev)
-    step_fns = [_meshlm_step(cfg, data, compile, precision, dev, fused_head)]
+    lora = (lora_rank, tuple(lora_targets), lora_alpha) if lora_rank > 0 else None
+    contenders = {"meshlm": lambda: _meshlm_step(base, data, compile, precision, dev, fused_head, lora)}
     if compare_hf:
-        step_fns.append(_hf_step(cfg, data, compile, precision, dev))
+        contenders["hf"] = lambda: _hf_step(base, data, compile, precision, dev, lora)
+    if compare_full and lora:
+        contenders["full"] = lambda: _meshlm_step(base, data, compile, precision, dev, fused_head, None)
+    names = list(contenders)
+    step_fns = [contenders[name]() for name in names]
     times = _step_times(step_fns, steps, warmup, dev, time.thread_time if cpu_time else time.perf_counter)
-    seconds = statistics.median(times[0])
+    seconds = {name: statistics.median(t) for name, t in zip(names, times)}
     peak, peak_source = peak_flops(dev, precision)
     flops_per_token = model_flops_per_token(cfg, seq)
-    tokens_per_s = batch * seq / seconds
-    result = {"flavor": flavor, "batch": batch, "seq": seq, "steps": steps, "compile": compile, "cpu_time": cpu_time,
-              "fused_head": fused_head,
+    tokens_per_s = batch * seq / seconds["meshlm"]
+    result = {"flavor": flavor if checkpoint is None else cfg.flavor, "checkpoint": checkpoint, "batch": batch,
+              "seq": seq, "steps": steps, "compile": compile, "cpu_time": cpu_time, "fused_head": fused_head,
               "precision": precision, "device": str(dev), "num_threads": torch.get_num_threads(),
-              "params": cfg.num_params(), "tokens_per_s": tokens_per_s, "step_time_s": seconds,
-              "flops_per_token": flops_per_token, "achieved_flops": tokens_per_s * flops_per_token,
-              "matmul_peak_flops": peak, "peak_source": peak_source,
+              "params": cfg.num_params(), "lora_rank": lora_rank, "lora_targets": list(lora_targets) if lora else [],
+              "trainable_params": _trainable(step_fns[0]), "tokens_per_s": tokens_per_s,
+              "step_time_s": seconds["meshlm"], "flops_per_token": flops_per_token,
+              "achieved_flops": tokens_per_s * flops_per_token, "matmul_peak_flops": peak, "peak_source": peak_source,
               "mfu": tokens_per_s * flops_per_token / peak}
-    if compare_hf:
-        hf_seconds = statistics.median(times[1])
-        result.update(hf_tokens_per_s=batch * seq / hf_seconds, ratio_to_hf=hf_seconds / seconds)
+    if "hf" in seconds:
+        result.update(hf_tokens_per_s=batch * seq / seconds["hf"], ratio_to_hf=seconds["hf"] / seconds["meshlm"],
+                      hf_step_time_s=seconds["hf"], hf_peft=lora is not None)
+    if "full" in seconds:
+        result.update(full_step_time_s=seconds["full"], lora_to_full_step=seconds["meshlm"] / seconds["full"])
     return result
 
 
-def _meshlm_step(cfg: ModelConfig, data: dict, compile: bool, precision: str,
-                 dev: torch.device, fused_head: bool = True) -> Callable[[], None]:
+def _base_model(flavor: str, checkpoint: str | None, seq: int, dev: torch.device) -> nn.Module:
+    """The weights every contender copies: a checkpoint's, or the flavour's from seed 0."""
+    if checkpoint is None:
+        cfg = flavor_config(flavor)
+        cfg.max_seq_len = max(cfg.max_seq_len, seq)
+        return build_model(cfg, dev, seed=0)
+    from meshlm.checkpoint.load import model_from_checkpoint
+    from meshlm.models.lora import lora_modules
+
+    model = model_from_checkpoint(checkpoint, dev)[0]
+    if lora_modules(model):
+        raise ConfigError(f"{checkpoint} is a LoRA run (base + adapters); bench its base checkpoint instead")
+    if seq > model.cfg.max_seq_len:
+        raise ConfigError(f"--seq {seq} exceeds the checkpoint's model.max_seq_len = {model.cfg.max_seq_len}")
+    return model
+
+
+def _trainable(step: Callable[[], None]) -> int:
+    return step.trainable_params  # type: ignore[attr-defined]
+
+
+def _meshlm_step(base: nn.Module, data: dict, compile: bool, precision: str, dev: torch.device,
+                 fused_head: bool = True, lora: tuple[int, tuple[str, ...], float] | None = None
+                 ) -> Callable[[], None]:
+    model = copy.deepcopy(base).train()
+    if lora is not None:
+        rank, targets, alpha = lora
+        apply_lora(model, list(targets), rank, alpha, dropout=0.0)
+        reset_lora_parameters(model, seed=0)
     engine = Engine(ParallelConfig(dp_shard=1), dev)  # single device: the engine applies AC/compile only
     training = TrainingConfig(compile=compile, precision=precision)
-    model = engine.parallelize(build_model(cfg, dev, seed=0), training, None, 1)[0]
+    model = engine.parallelize(model, training, None, 1)[0]
     model.output.fused = fused_head
     return _train_step_fn(model, NextTokenObjective().loss_sum, data, precision, dev)
 
 
-def _hf_step(cfg: ModelConfig, data: dict, compile: bool, precision: str, dev: torch.device) -> Callable[[], None]:
-    """The same architecture and dimensions in transformers (LlamaForCausalLM for the Llama flavours), the same
-    optimizer, HF's own loss path, same process."""
-    from meshlm.interop.hf_config import transformers_model
+def _hf_step(base: nn.Module, data: dict, compile: bool, precision: str, dev: torch.device,
+             lora: tuple[int, tuple[str, ...], float] | None = None) -> Callable[[], None]:
+    """The same architecture and weights in transformers (LlamaForCausalLM for the Llama flavours; PEFT's LoRA on
+    the same targets with ``lora``), the same optimizer, HF's own loss path, same process."""
+    from meshlm.generate.bench import hf_model_from
 
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise ConfigError("--compare-hf needs the transformers package (pip install transformers)") from None
-    torch.manual_seed(0)
-    model = transformers_model(cfg).to(dev)
+    model = hf_model_from(base).train()
+    if lora is not None:
+        model = _peft(model, *lora)
     if compile:
         model.compile()  # whole model: compiling HF's layers one by one recompiles per layer index
 
@@ -135,6 +179,16 @@ def _hf_step(cfg: ModelConfig, data: dict, compile: bool, precision: str, dev: t
     return _train_step_fn(model, loss_fn, data, precision, dev)
 
 
+def _peft(model: nn.Module, rank: int, targets: tuple[str, ...], alpha: float) -> nn.Module:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("--compare-hf with --lora-rank needs the peft package (pip install peft)") from None
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
+                        target_modules=[HF_TARGETS[t] for t in targets])
+    return get_peft_model(model, config)
+
+
 def profile_train_step(flavor: str, batch: int, seq: int, steps: int = 3, *, compile: bool = False,
                        precision: str = "fp32", device: str = "cpu", row_limit: int = 15) -> str:
     """torch.profiler's table of the ops that take meshlm's training step's time (self time, top ``row_limit``),
@@ -142,9 +196,8 @@ def profile_train_step(flavor: str, batch: int, seq: int, steps: int = 3, *, com
     from torch.profiler import ProfilerActivity, profile
 
     dev = torch.device(device)
-    cfg = flavor_config(flavor)
-    cfg.max_seq_len = max(cfg.max_seq_len, seq)
-    step = _meshlm_step(cfg, synthetic_batch(cfg, batch, seq, dev), compile, precision, dev)
+    base = _base_model(flavor, None, seq, dev)
+    step = _meshlm_step(base, synthetic_batch(base.cfg, batch, seq, dev), compile, precision, dev)
     for _ in range(2):
         step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])

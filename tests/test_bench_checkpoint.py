@@ -1,5 +1,6 @@
-"""``meshlm bench generate`` on a tiny converted checkpoint: its JSON fields, exactly N tokens a row, and the fast
-decode path's greedy tokens identical to transformers' ``generate`` on the same weights (``--compare-hf``)."""
+"""``meshlm bench generate`` and ``bench train --checkpoint`` on a tiny converted checkpoint: the JSON fields, the
+fast decode path's greedy tokens identical to transformers' ``generate`` on the same weights (``--compare-hf``),
+LoRA on every projection against PEFT with the trainable-parameter count of the adapters."""
 
 from __future__ import annotations
 
@@ -59,6 +60,25 @@ def test_bench_generate_json_and_greedy_tokens_identical_to_hf(checkpoint, capfd
                 "bandwidth_bound_ms_per_step", "copy_bytes_per_s"):
         assert r[key] > 0, key
     assert r["weight_bytes"] == 4 * r["params"]  # fp32, the tied head counted once
+
+
+def test_bench_train_on_a_checkpoint_with_lora_against_peft_and_the_full_step(checkpoint, capfd):
+    from meshlm.cli.main import main
+    from meshlm.models.config import ModelConfig
+    from meshlm.models.lora import expected_lora_params
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "train", "--checkpoint", str(checkpoint), "--lora-rank", "2", "--compare-hf", "--compare-full",
+              "--batch", "1", "--seq", "8", "--steps", "1", "--warmup", "0", "--device", "cpu", "--json"])
+    out = capfd.readouterr().out
+    assert exc.value.code == 0
+    r = json.loads(out)
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=128)
+    assert r["lora_targets"] == ["q", "k", "v", "o", "gate", "up", "down"]
+    assert r["trainable_params"] == expected_lora_params(cfg, r["lora_targets"], 2)
+    assert r["hf_peft"] is True and r["checkpoint"] == str(checkpoint)
+    for key in ("step_time_s", "hf_step_time_s", "full_step_time_s", "lora_to_full_step", "ratio_to_hf"):
+        assert r[key] > 0, key
 
 
 def test_prompt_plus_new_tokens_beyond_the_context_exits_2(checkpoint, capsys):
