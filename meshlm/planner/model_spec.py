@@ -91,7 +91,7 @@ class ModelSpec:
         return cached
 
     def _block_tensors(self) -> list[Tensor]:
-        h, q, kv, f = self.dim, self.q_size, self.kv_size, self.ffn_hidden_dim
+        h, q, f = self.dim, self.q_size, self.ffn_hidden_dim
         if self.arch == "gpt":  # Megatron: fused qkv column-parallel, biases of row-parallel layers replicated
             return [Tensor("ln_1.weight", (h,), None, False), Tensor("ln_1.bias", (h,), None, False),
                     Tensor("attn.qkv.weight", (3 * q, h), 0, True), Tensor("attn.qkv.bias", (3 * q,), 0, False),
