@@ -10,6 +10,10 @@ The model is a random-weight checkpoint of ``--flavor`` (speed does not depend o
 
     python scripts/bench_serve.py --flavor small --clients 16 --requests 192 --json
 
+``--adapters [CKPT]`` measures many LoRA adapters on one base, in this process: decode tokens/s of 16 clients
+spread over 4 adapters (one base, per-row adapters in one batch) vs the same 16 clients on one merged model, and
+the memory of the 4 adapters vs 4 merged copies of the model.
+
 ``--grammar [CKPT]`` measures instead what structured outputs cost per token, in this process: the grammar
 engine's mask (compute + advance) per token for json_object and a JSON schema, and decode steps of 8 rows free vs
 the same 8 rows under the schema (the engine's own loop; CKPT, e.g. a converted SmolLM2, else the random model).
@@ -272,6 +276,73 @@ def grammar_costs(ckpt: Path, rows: int = 8, tokens: int = 48, repeats: int = 3)
     return report
 
 
+def adapter_costs(ckpt: Path, work: Path, clients: int = 16, num_adapters: int = 4, tokens: int = 32,
+                  rank: int = 16, repeats: int = 3) -> dict:
+    """16 clients over 4 adapters on one base vs on one merged model: tokens/s (medians of interleaved runs),
+    and the adapters' bytes vs merged copies' bytes."""
+    import torch
+
+    from meshlm.checkpoint.load import model_from_checkpoint
+    from meshlm.models.lora import merge_lora
+    from meshlm.serve.engine import BatchEngine
+    from meshlm.serve.fixtures import random_adapter
+    from meshlm.serve.multilora import AdapterBank, lora_tensors
+    from meshlm.serve.protocol import Finished, Sampling
+    from meshlm.tokenizer import MeshTokenizer
+
+    targets = ("q", "k", "v", "o", "gate", "up", "down")
+    adapters = [random_adapter(ckpt, work / f"adapter{i}", seed=i + 1, rank=rank, targets=targets)
+                for i in range(num_adapters)]
+    base, _, _, folder = model_from_checkpoint(ckpt, "cpu")
+    base.requires_grad_(False)
+    tok = MeshTokenizer.load(folder / "tokenizer.json")
+    bank = AdapterBank(base)
+    for i, path in enumerate(adapters):
+        bank.add(f"a{i}", lora_tensors(model_from_checkpoint(path, "cpu")[0]))
+    merged = model_from_checkpoint(adapters[0], "cpu")[0]
+    merge_lora(merged)
+    merged.requires_grad_(False)
+    model_bytes = sum(t.numel() * t.element_size() for k, t in merged.state_dict().items() if ".lora_" not in k)
+    prompt = tok.prompt_ids("Tell me about the sea.")
+
+    def run(model, with_bank: bool) -> float:
+        engine = BatchEngine(model, tok, max_batch=clients, max_queue=clients, bank=bank if with_bank else None)
+        done = threading.Semaphore(0)
+        try:
+            start = time.perf_counter()
+            for c in range(clients):
+                seq = engine.submit(prompt, tokens, Sampling(max_tokens=tokens, temperature=0.0), frozenset(),
+                                    lambda ev: done.release() if isinstance(ev, Finished) else None)
+                seq.adapter = 1 + c % num_adapters if with_bank else 0
+            for _ in range(clients):
+                done.acquire()
+            return clients * tokens / (time.perf_counter() - start)
+        finally:
+            engine.close()
+
+    with torch.inference_mode():
+        runs = [(run(merged, False), run(base, True)) for _ in range(repeats)]  # interleaved pairs
+    merged_tps, adapters_tps = (statistics.median(r[i] for r in runs) for i in (0, 1))
+    return {"clients": clients, "adapters": num_adapters, "rank": rank, "targets": list(targets),
+            "tokens_per_request": tokens, "merged_tokens_per_s": round(merged_tps, 1),
+            "adapters_tokens_per_s": round(adapters_tps, 1), "adapters_over_merged": round(adapters_tps / merged_tps, 3),
+            "adapter_bytes": bank.nbytes(), "model_bytes": model_bytes,
+            "memory_one_base_plus_adapters": model_bytes + bank.nbytes(),
+            "memory_merged_copies": num_adapters * model_bytes, "runs": runs}
+
+
+def adapters_main(args: argparse.Namespace) -> None:
+    from meshlm.serve.fixtures import random_checkpoints
+
+    work = Path(tempfile.mkdtemp(prefix="bench-adapters-"))
+    ckpt = Path(args.adapters) if args.adapters else \
+        random_checkpoints(work / "base", args.flavor, args.vocab_size, (1,))[0]
+    before = [round(x, 2) for x in os.getloadavg()]
+    report = {"checkpoint": str(ckpt), **adapter_costs(ckpt, work), "loadavg_before": before,
+              "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+    print(json.dumps(report, indent=None if args.json else 1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--flavor", default="small")
@@ -288,9 +359,14 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--grammar", nargs="?", const="", metavar="CKPT",
                    help="only measure structured outputs' cost (a checkpoint, else a random --flavor model)")
+    p.add_argument("--adapters", nargs="?", const="", metavar="CKPT",
+                   help="only measure 16 clients over 4 LoRA adapters vs one merged model (a checkpoint, else a "
+                        "random --flavor model)")
     args = p.parse_args()
     if args.grammar is not None:
         return grammar_main(args)
+    if args.adapters is not None:
+        return adapters_main(args)
 
     from meshlm.serve.audit_verify import export, verify
     from meshlm.serve.fixtures import random_checkpoints

@@ -125,3 +125,32 @@ def test_cli_add_list_show(checkpoints, tmp_path, capfd):
     code, _, err = run("serve", "--registry", db, "--model", "tiny:v2", "--port", "0")  # no report: refused
     assert code == 2 and "tiny:v2 (gates: no report)" in err and "--force" in err
     assert not (tmp_path / "audit.sqlite").exists()  # refused before anything was opened
+
+
+def test_cli_add_adapter_of(tmp_path, capfd):
+    """`registry add LORA_RUN --adapter-of NAME:vN` records both hashes; a LoRA run of another base, a plain
+    checkpoint or an endpoint base are one-line errors with exit code 2."""
+    from meshlm.cli.main import main
+    from meshlm.serve.fixtures import random_adapter, random_checkpoints
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as stop:
+            main(list(argv))
+        out, err = capfd.readouterr()
+        return stop.value.code, out, err
+
+    base, other = random_checkpoints(tmp_path / "base", steps=(1, 2))
+    adapter = random_adapter(base, tmp_path / "lora", seed=1)
+    db = str(tmp_path / "reg.sqlite")
+    for ckpt, name in ((base, "base"), (other, "other")):
+        assert run("registry", "add", str(ckpt), "--name", name, "--registry", db)[0] == 0
+    code, out, _ = run("registry", "add", str(adapter), "--name", "chat", "--adapter-of", "base:v1", "--registry", db,
+                       "--json")
+    added = json.loads(out)
+    assert code == 0 and added["kind"] == "adapter" and added["adapter"]["of"] == "base:v1"
+    assert added["adapter"]["base_weights_sha256"] == Registry(db).get("base:v1").weights_sha256
+    for argv, message in (([str(adapter), "--adapter-of", "other:v1"], "it is an adapter of another model"),
+                          ([str(base), "--adapter-of", "base:v1"], "not a LoRA checkpoint"),
+                          (["--endpoint", "http://127.0.0.1:9/v1", "--adapter-of", "base:v1"], "--adapter-of goes")):
+        code, _, err = run("registry", "add", *argv, "--name", "x", "--registry", db)
+        assert code == 2 and message in err and "Traceback" not in err, err
