@@ -61,7 +61,12 @@ def make_loader(opts: ServeOptions, registry=None):
             if base is None or base.closed:
                 base = await local(registry.get(entry.adapter["of"]))
                 base.holders -= 1  # held by its adapters only (not served as its own version)
-            return await anyio.to_thread.run_sync(AdapterBackend.load, entry, base)
+            try:
+                return await anyio.to_thread.run_sync(AdapterBackend.load, entry, base)
+            except BaseException:
+                if base.closed:  # loaded for this adapter alone: stop its engine again
+                    await base.aclose()
+                raise
         if entry.kind == "endpoint":
             remote = RemoteBackend(entry, max_tokens_cap=opts.max_tokens_cap, max_inflight=opts.max_queue)
             try:
