@@ -15,8 +15,6 @@ reordering for ``llama`` only, as meshlm does.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from meshlm.models.family import DECODER
@@ -24,21 +22,11 @@ from meshlm.models.family import DECODER
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 PERMUTED_ARCHITECTURES = ("llama",)
 
-# meshlm name -> llama.cpp name, from the family spec (meshlm/models/family.py). Per layer (layers.<i> / blk.<i>),
-# then the rest.
-_LAYER_NAMES = DECODER.layer_names("gguf")
-_OTHER_NAMES = DECODER.top_gguf
-_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
-
 
 def gguf_name(name: str) -> str:
-    """The llama.cpp name of a meshlm state-dict key, e.g. layers.3.feed_forward.w1.weight -> blk.3.ffn_gate.weight."""
-    if name in _OTHER_NAMES:
-        return _OTHER_NAMES[name]
-    match = _LAYER_KEY.match(name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"blk.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
-    raise KeyError(f"no GGUF name for meshlm tensor '{name}'")
+    """The llama.cpp name of a meshlm state-dict key, e.g. layers.3.feed_forward.w1.weight -> blk.3.ffn_gate.weight
+    (the family spec's names: meshlm/models/family.py)."""
+    return DECODER.external_name(name, "gguf")
 
 
 def heads_of(name: str, n_heads: int, n_kv_heads: int) -> int | None:

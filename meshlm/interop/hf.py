@@ -30,44 +30,21 @@ from meshlm.interop.hf_files import (
 )
 from meshlm.interop.hf_tokenizer import hf_tokenizer_config, load_hf_tokenizer, read_meta, tokenizer_meta
 from meshlm.models.config import CUSTOM_FLAVOR, ModelConfig
+from meshlm.models.family import DECODER
 from meshlm.models.lora import merge_lora
 from meshlm.tokenizer.bpe import TOKENIZER_META, tokenizer_files
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # "5GB", transformers' default
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-# meshlm name -> HF name. Per layer (under layers.<i> / model.layers.<i>), then the rest.
-_LAYER_NAMES = {
-    "attention_norm.weight": "input_layernorm.weight",
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wq.bias": "self_attn.q_proj.bias",
-    "attention.wk.bias": "self_attn.k_proj.bias",
-    "attention.wv.bias": "self_attn.v_proj.bias",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "attention.q_norm.weight": "self_attn.q_norm.weight",
-    "attention.k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-}
-_OTHER_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-                "output.weight": "lm_head.weight"}
-_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 # Tensors older HF checkpoints carry that are derived, not learned: skipped on import.
 _DERIVED = re.compile(r"\.rotary_emb\.inv_freq$")
 
 
 def hf_name(name: str) -> str:
-    """The HF name of a meshlm state-dict key, e.g. layers.3.attention.wq.weight -> model.layers.3.self_attn.q_proj.weight."""
-    if name in _OTHER_NAMES:
-        return _OTHER_NAMES[name]
-    match = _LAYER_KEY.match(name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
-    raise KeyError(f"no HF name for meshlm tensor '{name}'")
+    """The HF name of a meshlm state-dict key, e.g. layers.3.attention.wq.weight -> model.layers.3.self_attn.q_proj.weight
+    (the family spec's names: meshlm/models/family.py)."""
+    return DECODER.external_name(name, "hf")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
