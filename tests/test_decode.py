@@ -12,7 +12,7 @@ import torch
 
 from meshlm.generate import generate
 from meshlm.generate.decode import FastForward, fast_forward
-from meshlm.generate.packed import packed_weights
+from meshlm.generate.packed import ROW_PACK_MAX_BATCH, packed_weights
 from meshlm.generate.rollout import SamplingConfig, rollout
 from meshlm.models import build_model, flavor_config
 from meshlm.models.lora import apply_lora, reset_lora_parameters
@@ -61,12 +61,15 @@ def test_logits_equal_the_plain_forward_at_prefill_and_each_step(arch):
             torch.testing.assert_close(fast(token, cache=fast_cache, start_pos=pos), want, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral-window"])
-def test_padded_batch_logits_equal_the_plain_forward(arch):
+@pytest.mark.parametrize("arch, rows", [("llama", 4), ("mistral-window", 4), ("qwen2-bias", 8), ("llama", 8)])
+def test_padded_batch_logits_equal_the_plain_forward(arch, rows):
+    # 4 rows take the row pack (fused copies), 8 the view pack (the model's own weights): ROW_PACK_MAX_BATCH
+    assert ROW_PACK_MAX_BATCH == 4
     model = tiny(**ARCHS[arch])
     cfg = SamplingConfig(max_new_tokens=10, eos_ids=(), pad_id=0, greedy=True)
-    slow = rollout(model, PROMPTS, cfg, fast=False)
-    got = rollout(model, PROMPTS, cfg)
+    prompts = (PROMPTS * 2)[:rows]
+    slow = rollout(model, prompts, cfg, fast=False)
+    got = rollout(model, prompts, cfg)
     assert torch.equal(got.response_ids, slow.response_ids)
     torch.testing.assert_close(got.logprobs, slow.logprobs, atol=ATOL, rtol=0)
 
@@ -114,13 +117,13 @@ def test_lora_updates_are_merged_into_the_pack():
 
 def test_pack_follows_in_place_updates_and_is_reused_otherwise():
     model = tiny()
-    first = packed_weights(model)
-    assert packed_weights(model) is first
+    first = packed_weights(model, 1)
+    assert packed_weights(model, 1) is first
     before = generate(model, PROMPTS[0], 10, greedy=True)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(-1.5)  # an optimizer step, in effect
-    assert packed_weights(model) is not first
+    assert packed_weights(model, 1) is not first
     after = generate(model, PROMPTS[0], 10, greedy=True)
     assert after == generate(model, PROMPTS[0], 10, greedy=True, fast=False)
     assert after != before

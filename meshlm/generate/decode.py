@@ -47,9 +47,8 @@ class FastForward:
         self.model = _inner(model)
         self.cfg = self.model.cfg
 
-    @property
-    def weights(self) -> PackedModel:
-        return packed_weights(self.model)  # repacked only when the model's parameters changed
+    def weights(self, batch: int) -> PackedModel:
+        return packed_weights(self.model, batch)  # repacked only when the model's parameters changed
 
     def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):
         """Full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by every layer."""
@@ -63,10 +62,11 @@ class FastForward:
             cos2, sin2 = cos2[None], sin2[None]
         return cos2[:, :, None, :], sin2[:, :, None, :]
 
-    def _masks(self, T: int, S: int, padding_mask: torch.Tensor | None,
+    @staticmethod
+    def _masks(w: PackedModel, T: int, S: int, padding_mask: torch.Tensor | None,
                device: torch.device) -> dict[int, torch.Tensor | None]:
         """Window -> the boolean (B|1, 1, T, S) mask (True = attend) or None for plain causal attention."""
-        windows = {layer.window for layer in self.weights.layers}
+        windows = {layer.window for layer in w.layers}
         return {w: attention_mask(T, S, window=w, key_mask=padding_mask, device=device) for w in windows}
 
     @torch.no_grad()
@@ -82,9 +82,9 @@ class FastForward:
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.model.layers)}")
         if padding_mask is not None and tuple(padding_mask.shape) != (B, S):
             raise ValueError(f"padding_mask must be (B, S) = {(B, S)}, got {tuple(padding_mask.shape)}")
-        w = self.weights
+        w = self.weights(B)
         cos, sin = self._rope(B, T, start_pos, position_ids)
-        masks = self._masks(T, S, padding_mask, tokens.device)
+        masks = self._masks(w, T, S, padding_mask, tokens.device)
         x = F.embedding(tokens, w.embedding).view(B * T, -1)  # (B·T, D)
         for layer, layer_cache in zip(w.layers, cache):
             x = self._block(x, layer, w, B, T, cos, sin, layer_cache, start_pos, masks[layer.window])
@@ -96,8 +96,7 @@ class FastForward:
         """x (B·T, D) -> (B·T, D) through one pre-norm block."""
         H, Hkv, Dh = w.n_heads, w.n_kv_heads, w.head_dim
         h = _rms_norm(x, layer.attention_norm, w.norm_eps)
-        qkv = torch.mm(h, layer.wqkv) if layer.bqkv is None else torch.addmm(layer.bqkv, h, layer.wqkv)
-        qkv = qkv.view(B, T, H + 2 * Hkv, Dh)
+        qkv = _project(h, layer.wqkv, layer.bqkv).view(B, T, H + 2 * Hkv, Dh)
         qk, v = qkv[:, :, :H + Hkv], qkv[:, :, H + Hkv:]  # (B, T, H + Hkv, Dh), (B, T, Hkv, Dh)
         if layer.qk_norm is not None:
             qk = _rms_norm(qk, layer.qk_norm, w.norm_eps)  # per head, before RoPE (Qwen3)
@@ -107,9 +106,17 @@ class FastForward:
         out = _attention(q, keys, values, mask)  # (B, T, H·Dh)
         x = torch.addmm(x, out.view(B * T, H * Dh), layer.wo)  # residual + attention
         h = _rms_norm(x, layer.ffn_norm, w.norm_eps)
-        gate_up = torch.mm(h, layer.w13)  # (B·T, 2F)
+        gate_up = _project(h, layer.w13)  # (B·T, 2F)
         F_ = gate_up.shape[1] // 2
         return torch.addmm(x, F.silu(gate_up[:, :F_]) * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
+
+
+def _project(x: torch.Tensor, matrices: list[torch.Tensor], bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (N, in) times one (in, out) matrix, or several whose outputs are concatenated; plus the bias."""
+    if len(matrices) == 1:
+        return torch.mm(x, matrices[0]) if bias is None else torch.addmm(bias, x, matrices[0])
+    out = torch.cat([torch.mm(x, m) for m in matrices], dim=1)
+    return out if bias is None else out.add_(bias)
 
 
 def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:

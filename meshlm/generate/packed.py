@@ -1,14 +1,23 @@
-"""The decoder's weights repacked for inference: q/k/v as one matrix, w1/w3 as one, each stored (in, out).
+"""The decoder's weights laid out for inference, in two variants chosen by the batch (meshlm/generate/decode.py).
 
-Why: decoding a token multiplies one row (or a few) by every weight, so a step is ~200 matrix-vector products
-whose cost is reading the weights plus a fixed dispatch cost per op. Concatenating q/k/v and gate/up halves the
-number of those products, and storing each matrix (in, out), contiguous, lets the BLAS stream it row by row:
-on the 2-core EPYC development machine a (1, 576) × (576, 3072) product runs ~2.5× faster than ``F.linear`` on the
-(3072, 576) weight, and the 49k-row head ~1.6× (docs/benchmarks.md, "Decoding"). LoRA updates are merged in.
+Decoding multiplies one row (or a few) by every weight, so a step is ~200 matrix products whose cost is reading
+the weights plus a fixed dispatch cost per op, and which BLAS path is fastest depends on the weight's layout and
+on the number of rows. Measured on the 2-core EPYC development machine (fp32, one thread, CPU time; the command
+and figures in docs/benchmarks.md, "Decoding"), for one row x (1, in):
 
-The pack is a copy (the model keeps its own parameters for training), made once and reused while the model's
-parameters are unchanged: :func:`packed_weights` keeps one pack per model and rebuilds it when any parameter was
-modified in place (an optimizer step bumps a tensor's version counter) or replaced.
+- x @ W stored (in, out) beats ``F.linear`` on the (out, in) weight for q/k/v, o, gate/up and the head
+  (gate/up 576 -> 3072: 0.23 vs 0.63 ms; the 49k-row head 9.1 vs 14.8 ms), and loses for the down projection;
+- at 16 rows the (out, in) layout is as fast or faster for every matrix.
+
+So the **row pack** (batches of up to :data:`ROW_PACK_MAX_BATCH` rows) holds copies: q/k/v as one (D, (H + 2 Hkv)
+Dh) matrix, gate/up as one (D, 2F), o and the head transposed and contiguous; the down projection stays a view
+of the model's own weight. The **view pack** (larger batches) copies nothing: every matrix is a transposed view of
+the model's parameter (q/k/v and gate/up as separate products). LoRA updates are merged in (a new tensor either
+way).
+
+A pack is made once and reused while the model's parameters are unchanged: :func:`packed_weights` keeps one of
+each variant per model and rebuilds it when any parameter was modified in place (an optimizer step bumps a
+tensor's version counter) or replaced.
 """
 
 from __future__ import annotations
@@ -25,17 +34,20 @@ from meshlm.models.llama import Transformer
 from meshlm.models.lora import LoRALinear
 
 
+ROW_PACK_MAX_BATCH = 4
+
+
 @dataclass
 class PackedLayer:
-    """One block's weights. Matrices are (in, out): x (N, in) @ w -> (N, out)."""
+    """One block's weights. Matrices are (in, out) (copies or transposed views): x (N, in) @ w -> (N, out)."""
 
     attention_norm: torch.Tensor  # (D,)
-    wqkv: torch.Tensor  # (D, (H + 2 Hkv) Dh): q heads, then k heads, then v heads
+    wqkv: list[torch.Tensor]  # [(D, (H + 2 Hkv) Dh)] or [(D, H Dh), (D, Hkv Dh), (D, Hkv Dh)]: q, k, v heads
     bqkv: torch.Tensor | None  # ((H + 2 Hkv) Dh,) Qwen2's q/k/v bias
     qk_norm: torch.Tensor | None  # (H + Hkv, Dh) Qwen3's per-head q norm weight (H rows), then k's (Hkv rows)
     wo: torch.Tensor  # (H Dh, D)
     ffn_norm: torch.Tensor  # (D,)
-    w13: torch.Tensor  # (D, 2 F): the gate (w1), then the up projection (w3)
+    w13: list[torch.Tensor]  # [(D, 2 F)] or [(D, F), (D, F)]: the gate (w1), then the up projection (w3)
     w2: torch.Tensor  # (F, D)
     window: int  # the layer's attention window, 0 for full causal attention
 
@@ -96,7 +108,14 @@ def _bias(linear: nn.Module) -> torch.Tensor | None:
     return None if bias is None else bias.detach()
 
 
-def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int) -> PackedLayer:
+def _matrices(weights: list[torch.Tensor], fuse: bool) -> list[torch.Tensor]:
+    """(out, in) weights -> (in, out) matrices: one contiguous concatenation, or transposed views."""
+    if fuse:
+        return [torch.cat(weights).t().contiguous()]
+    return [w.t() for w in weights]
+
+
+def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, rows: bool) -> PackedLayer:
     block = _inner(block)
     attn, ffn = _inner(block.attention), _inner(block.feed_forward)
     biases = [_bias(attn.wq), _bias(attn.wk), _bias(attn.wv)]
@@ -105,26 +124,26 @@ def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int) ->
         qk_norm = torch.cat([attn.q_norm.weight.detach().expand(n_heads, -1),
                              attn.k_norm.weight.detach().expand(n_kv_heads, -1)])  # (H + Hkv, Dh)
     return PackedLayer(
-        attention_norm=block.attention_norm.weight.detach().clone(),
-        wqkv=torch.cat([_weight(attn.wq), _weight(attn.wk), _weight(attn.wv)]).t().contiguous(),
+        attention_norm=block.attention_norm.weight.detach(),
+        wqkv=_matrices([_weight(attn.wq), _weight(attn.wk), _weight(attn.wv)], rows),
         bqkv=torch.cat(biases) if biases[0] is not None else None,
         qk_norm=qk_norm,
-        wo=_weight(attn.wo).t().contiguous(),
-        ffn_norm=block.ffn_norm.weight.detach().clone(),
-        w13=torch.cat([_weight(ffn.w1), _weight(ffn.w3)]).t().contiguous(),
-        w2=_weight(ffn.w2).t().contiguous(),
+        wo=_matrices([_weight(attn.wo)], rows)[0],
+        ffn_norm=block.ffn_norm.weight.detach(),
+        w13=_matrices([_weight(ffn.w1), _weight(ffn.w3)], rows),
+        w2=_weight(ffn.w2).t(),
         window=window)
 
 
 @torch.no_grad()
-def pack(model: Transformer) -> PackedModel:
-    """Copy ``model``'s weights into the inference layout (see the module docstring)."""
+def pack(model: Transformer, rows: bool) -> PackedModel:
+    """``model``'s weights in the row pack (``rows``) or the view pack (see the module docstring)."""
     model = _inner(model)
     cfg = model.cfg
-    layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads)
+    layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads, rows)
               for name, block in model.layers.items()]
     return PackedModel(embedding=model.tok_embeddings.weight.detach(), layers=layers,
-                       norm=model.norm.weight.detach().clone(), head=_weight(model.output).t().contiguous(),
+                       norm=model.norm.weight.detach(), head=_matrices([_weight(model.output)], rows)[0],
                        norm_eps=cfg.norm_eps, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                        head_dim=cfg.resolved_head_dim)
 
@@ -141,17 +160,20 @@ def _state_key(model: nn.Module) -> tuple:
     return tuple(key)
 
 
-_PACKS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, PackedModel]]" = weakref.WeakKeyDictionary()
+_PACKS: "weakref.WeakKeyDictionary[nn.Module, dict[bool, tuple[tuple, PackedModel]]]" = weakref.WeakKeyDictionary()
 
 
-def packed_weights(model: Transformer) -> PackedModel:
-    """The pack of ``model``'s current weights: the one made earlier when no parameter changed since, else new."""
+def packed_weights(model: Transformer, batch: int) -> PackedModel:
+    """The pack for ``batch`` rows of ``model``'s current weights: the one made earlier when no parameter changed
+    since, else new."""
     model = _inner(model)
+    rows = batch <= ROW_PACK_MAX_BATCH
     key = _state_key(model)
-    hit = _PACKS.get(model)
+    packs = _PACKS.setdefault(model, {})
+    hit = packs.get(rows)
     if hit is not None and hit[0] == key:
         return hit[1]
-    _PACKS.pop(model, None)  # free the stale copy before making the new one
-    packed = pack(model)
-    _PACKS[model] = (key, packed)
+    packs.pop(rows, None)  # free the stale copy before making the new one
+    packed = pack(model, rows)
+    packs[rows] = (key, packed)
     return packed
