@@ -214,10 +214,10 @@ class Trainer:
                     if replacement is None:
                         raise
                     raise replacement from None  # e.g. names `meshlm diagnose oom`, no traceback
-                self.callbacks.on_step_end(record)
                 window_time += time.perf_counter() - start
                 window_tokens += record.pop("tokens")
                 window_steps += 1
+                self.callbacks.on_step_end(record)  # outside the step's timing
                 if self.eval_loader is not None and self._due(self.step, tc.eval_interval, last):
                     record["eval_loss"] = self.evaluate()
                 if self._due(self.step, mc.interval, last) or "eval_loss" in record:
