@@ -325,7 +325,8 @@ def adapter_costs(ckpt: Path, work: Path, clients: int = 16, num_adapters: int =
     merged_tps, adapters_tps = (statistics.median(r[i] for r in runs) for i in (0, 1))
     return {"clients": clients, "adapters": num_adapters, "rank": rank, "targets": list(targets),
             "tokens_per_request": tokens, "merged_tokens_per_s": round(merged_tps, 1),
-            "adapters_tokens_per_s": round(adapters_tps, 1), "adapters_over_merged": round(adapters_tps / merged_tps, 3),
+            "adapters_tokens_per_s": round(adapters_tps, 1),
+            "adapters_over_merged": round(adapters_tps / merged_tps, 3),
             "adapter_bytes": bank.nbytes(), "model_bytes": model_bytes,
             "memory_one_base_plus_adapters": model_bytes + bank.nbytes(),
             "memory_merged_copies": num_adapters * model_bytes, "runs": runs}

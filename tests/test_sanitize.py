@@ -107,7 +107,8 @@ def test_an_identifier_after_its_label_is_masked_even_when_invalid(text, raw, pl
 
 def test_validators_still_decide_without_a_label():
     assert sanitize("my SSN is 987-65-4321") == "my SSN is <US_SSN>"
-    assert sanitize("the numbers 987-65-4321 and 4111 1111 1111 1112") == "the numbers 987-65-4321 and 4111 1111 1111 1112"
+    unlabelled = "the numbers 987-65-4321 and 4111 1111 1111 1112"
+    assert sanitize(unlabelled) == unlabelled
 
 
 @pytest.mark.parametrize("text", LOOK_ALIKES)

@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import openai
 import pytest

@@ -21,7 +21,8 @@ from tests.test_serve_fields import start_in_process
 # names: the debug model's context is 256 tokens.)
 TEMPLATE = """{%- if tools %}system: tools {% for t in tools %}{{ t.function.name }} {% endfor %}
 {% endif %}
-{%- for m in messages %}{{ m.role }}: {% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}
+{%- for m in messages %}{{ m.role }}: {% if m.tool_calls %}{% for c in m.tool_calls -%}
+<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}
 {% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"""
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},

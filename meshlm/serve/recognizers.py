@@ -9,9 +9,7 @@ counts and date shapes for phones, entropy and character classes for keys. Each 
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
-from collections import Counter
 from typing import Iterator
 
 Span = tuple[int, int, str]

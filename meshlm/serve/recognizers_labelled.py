@@ -14,6 +14,7 @@ specific ("routing number", not "routing"; "licence no.", not "licence"), so "Ro
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Iterator
 
@@ -41,7 +42,8 @@ MIN_DIGITS = {"US_SSN": 7, "CREDIT_CARD": 12, "IBAN": 8, "ACCOUNT_NUMBER": 6, "P
 _LABEL = re.compile("|".join(rf"(?P<{t}>(?<![A-Za-z0-9])(?:{p})(?![A-Za-z]))" for t, p in LABELS.items()), re.I)
 _PIECE = r"[A-Za-z0-9]{0,24}\d[A-Za-z0-9]{0,24}"  # a group of a number, with at least one digit
 # A value: groups joined by one separator, maybe after a short capital prefix ("WX-445-812-09", "AB-1234567").
-_VALUE = re.compile(rf"(?<![\w+.-])(?:[A-Z]{{1,3}}-)?[+(]?{_PIECE}(?:(?:\)\s?|[ .-]\(?|\s?\(){_PIECE}){{0,8}}\)?(?![\w-])")
+_VALUE = re.compile(rf"(?<![\w+.-])(?:[A-Z]{{1,3}}-)?[+(]?{_PIECE}"
+                    rf"(?:(?:\)\s?|[ .-]\(?|\s?\(){_PIECE}){{0,8}}\)?(?![\w-])")
 _IBAN_SHAPE = re.compile(r"(?<![\w+.-])[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,8}(?:[ -]?[A-Z0-9]{1,3})?(?![\w-])", re.I)
 _GAP = re.compile(r"[^\d\n.!?;]{0,32}")  # label ... value: no digit (another number), no sentence end
 _AFTER = re.compile(r"\s*(?:is|was|are|=)\s+(?:my|the|our|your|his|her|their|a)\s+(?:[a-z']+\s+){0,2}?$", re.I)
@@ -49,33 +51,48 @@ _DATE_OR_TIME = re.compile(r"^(?:\d{4}[-.]\d{1,2}[-.]\d{1,2}|\d{1,2}[-.]\d{1,2}[
 _WINDOW = 48
 
 
-def _label_before(text: str, start: int) -> str | None:
-    """The type of the nearest label ending right before ``start`` with only digit-free words in between."""
-    window_start = max(0, start - _WINDOW)
-    best = None
-    for m in _LABEL.finditer(text, window_start, start):
-        if _GAP.fullmatch(text, m.end(), start):
-            best = m  # later matches are nearer
-    return best.lastgroup if best else None
+class _Labels:
+    """Every label of a text, found in one pass (so each candidate's look around is a bisection, and the time
+    stays linear in the text however many candidates it has)."""
 
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.found = [(m.start(), m.end(), m.lastgroup) for m in _LABEL.finditer(text)]
+        self.ends = [e for _, e, _ in self.found]
+        self.starts = [s for s, _, _ in self.found]
 
-def _label_after(text: str, end: int) -> str | None:
-    """"4111 … is my card number": the type of a label a few words after ``end``."""
-    m = _LABEL.search(text, end, min(len(text), end + _WINDOW))
-    if m and _AFTER.fullmatch(text, end, m.start()):
-        return m.lastgroup
-    return None
+    def before(self, start: int) -> str | None:
+        """The type of the nearest label ending before ``start`` with only digit-free words in between."""
+        i = bisect.bisect_right(self.ends, start)
+        while i > 0 and self.ends[i - 1] >= start - _WINDOW:
+            s, e, kind = self.found[i - 1]
+            if _GAP.fullmatch(self.text, e, start):
+                return kind
+            i -= 1
+        return None
+
+    def after(self, end: int) -> str | None:
+        """"4111 … is my card number": the type of a label a few words after ``end``."""
+        i = bisect.bisect_left(self.starts, end)
+        if i < len(self.found) and self.starts[i] <= end + _WINDOW:
+            s, _, kind = self.found[i]
+            if _AFTER.fullmatch(self.text, end, s):
+                return kind
+        return None
 
 
 def labelled_identifiers(text: str) -> Iterator[Span]:
+    labels = _Labels(text)
+    if not labels.found:
+        return
     for m in _IBAN_SHAPE.finditer(text):  # letter groups too ("GB00 NWBK 6016 …"), which _VALUE does not join
-        if _label_before(text, m.start()) == "IBAN" or _label_after(text, m.end()) == "IBAN":
+        if labels.before(m.start()) == "IBAN" or labels.after(m.end()) == "IBAN":
             yield m.start(), m.end(), "IBAN"
     for m in _VALUE.finditer(text):
         value = m.group()
         if _DATE_OR_TIME.match(value.lstrip("+(")):
             continue  # "created 2021-03-04", "opens at 09:30": dates and times are not identifiers
-        kind = _label_before(text, m.start()) or _label_after(text, m.end())
+        kind = labels.before(m.start()) or labels.after(m.end())
         if kind is None or sum(ch.isdigit() for ch in value) < MIN_DIGITS[kind]:
             continue
         if kind == "IBAN" and not re.match(r"[A-Za-z]{2}\d{2}", value):
