@@ -102,7 +102,7 @@ def random_blocks(qtype, rows: int, cols: int, rng: np.random.Generator) -> np.n
 
 
 def write_gguf(path: Path, arch: str, shape, tied: bool, types: dict, tok: Tokenizer, seed: int = 0,
-               pre: str = "smollm", name: str = "tiny-test") -> ModelConfig:
+               pre: str = "smollm", name: str = "tiny-test", rope_freqs: np.ndarray | None = None) -> ModelConfig:
     """A small random `arch` model as llama.cpp would write it (tensors in its names and layout)."""
     dim, layers, heads, kv, ffn, head_dim = shape
     cfg = ModelConfig(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv, ffn_hidden_dim=ffn, head_dim=head_dim,
@@ -128,6 +128,8 @@ def write_gguf(path: Path, arch: str, shape, tied: bool, types: dict, tok: Token
         values += 1.0 if name.endswith("norm.weight") else 0.0
         data = values.astype(np.float16) if qtype == Q.F16 else values if qtype == Q.F32 else quantize(values, qtype)
         w.add_tensor(gname, data, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     return cfg
 
@@ -350,3 +352,38 @@ def test_to_gguf_of_a_lora_run_is_the_merged_model(tiny_run, debug_dataset, tmp_
         merged = model(ids).float()
     assert (merged - hf_logits(tmp_path / "merged.gguf", ids)).abs().max().item() <= EXPORT_TOL
     assert (merged - mesh_logits(tiny_run, ids)).abs().max().item() > 1e-3  # the adapters changed the model
+
+
+def llama_cpp_rope_factors(head_dim: int, theta: float, factor: float) -> np.ndarray:
+    """What llama.cpp's convert script stores as rope_freqs for Llama 3.1 scaling (low 1, high 4, context 8192),
+    written out here from the published formula."""
+    import math
+
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < 8192 / 4:
+            out.append(1.0)
+        elif wavelen > 8192 / 1:
+            out.append(factor)
+        else:
+            smooth = (8192 / wavelen - 1) / (4 - 1)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_llama3_rope_scaling_is_read_from_rope_freqs_and_written_back(tokenizer, tmp_path, capsys):
+    path = tmp_path / "l31.gguf"
+    write_gguf(path, "llama", SMALL, True, {}, tokenizer, rope_freqs=llama_cpp_rope_factors(16, 10000.0, 8.0))
+    convert_from_gguf(path, tmp_path / "run")
+    cfg = model_from_checkpoint(tmp_path / "run")[1].model
+    assert (cfg.rope_scaling, cfg.rope_scaling_factor, cfg.rope_original_max_len) == ("llama3", 8.0, 8192)
+    convert_to_gguf(tmp_path / "run", tmp_path / "back.gguf")
+    back = gguf.GGUFReader(tmp_path / "back.gguf")
+    written = next(t for t in back.tensors if t.name == "rope_freqs.weight")
+    np.testing.assert_allclose(np.asarray(written.data), llama_cpp_rope_factors(16, 10000.0, 8.0), rtol=1e-6)
+    write_gguf(tmp_path / "odd.gguf", "llama", SMALL, True, {}, tokenizer,
+               rope_freqs=np.linspace(1, 3, 8, dtype=np.float32))  # some other RoPE variant
+    code, err = cli(["convert", "from-gguf", str(tmp_path / "odd.gguf"), str(tmp_path / "odd")], capsys)
+    assert code == 2 and "not Llama 3.1's" in err and not (tmp_path / "odd").exists()

@@ -11,12 +11,14 @@ time, never the model. Q/K rows of ``llama`` files are put back into meshlm's ro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.interop.gguf_file import GGUFFile
@@ -73,10 +75,9 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
         raise CheckpointError(f"{source}: rope.dimension_count {rotary} / value_length differ from the head size "
                               f"{head_dim}; meshlm rotates whole heads of equal q/k/v size")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None) or ROPE_FREQS in gguf.tensors:
-        raise CheckpointError(f"{source}: RoPE scaling ({scaling if scaling not in ('none', None) else ROPE_FREQS}) "
-                              "is not supported for GGUF import; convert the model's Hugging Face folder with "
-                              "`meshlm convert from-hf` instead")
+    if scaling not in ("none", None):
+        raise CheckpointError(f"{source}: RoPE scaling '{scaling}' ({arch}.rope.scaling.type) is not supported; "
+                              "meshlm implements none and Llama 3.1's (a rope_freqs tensor in GGUF)")
     if "token_embd.weight" not in gguf.tensors:
         raise CheckpointError(f"{source}: no tensor 'token_embd.weight'; the file holds no language model")
     vocab = gguf.shape("token_embd.weight")[0]
@@ -98,7 +99,29 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
         raise CheckpointError(f"{source}: the model shape is not valid for meshlm ({exc})") from None
     notes = [f"dequantised {t} tensors to fp32" for t in sorted({gguf.type_name(n) for n in gguf.tensors}
                                                                  - {"F32"})]
+    if ROPE_FREQS in gguf.tensors:
+        cfg = _llama3_rope(gguf, cfg)
+        notes.append(f"Llama 3.1 RoPE scaling (factor {cfg.rope_scaling_factor:g}) read from {ROPE_FREQS}")
     return cfg, arch, notes
+
+
+def _llama3_rope(gguf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
+    """``rope_freqs.weight`` — llama.cpp's per-frequency divisors of the RoPE frequencies, how its convert script
+    stores Llama 3.1+ scaling — as meshlm's llama3 settings. GGUF keeps only the divisors: the factor is their
+    largest, and the other parameters are Meta's for every Llama 3.1/3.2/3.3 model (low 1, high 4, original
+    context 8192), accepted only when they reproduce every divisor."""
+    from meshlm.models.llama import rope_inv_freq
+
+    divisors = gguf.read(ROPE_FREQS).reshape(-1).double()  # (Dh/2,)
+    scaled = dataclasses.replace(cfg, rope_scaling="llama3", rope_scaling_factor=float(divisors.max()),
+                                 rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192)
+    if divisors.numel() == cfg.resolved_head_dim // 2:
+        expected = rope_inv_freq(cfg).double() / rope_inv_freq(scaled).double()
+        if torch.allclose(expected, divisors, rtol=1e-5, atol=0.0):  # both computed in fp32 from the same formula
+            return scaled
+    raise CheckpointError(f"{gguf.path}: {ROPE_FREQS} holds RoPE frequency divisors that are not Llama 3.1's "
+                          "scaling with low/high frequency factors 1/4 and an original context of 8192; meshlm "
+                          "cannot run this RoPE variant")
 
 
 def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str]:
@@ -120,7 +143,7 @@ def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str
         if heads and arch in PERMUTED_ARCHITECTURES:
             gguf.unpermute(gname, heads)
         names[name] = gname
-    unknown = sorted(set(gguf.tensors) - set(names.values()))
+    unknown = sorted(set(gguf.tensors) - set(names.values()) - {ROPE_FREQS})
     if unknown:
         raise CheckpointError(f"{gguf.path}: tensor '{unknown[0]}' (and {len(unknown) - 1} more) has no meshlm "
                               f"counterpart; this variant of {arch} is not supported")

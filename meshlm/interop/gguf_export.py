@@ -3,7 +3,8 @@
 The checkpoint is loaded with :func:`~meshlm.checkpoint.load.model_from_checkpoint` (any parallel layout;
 LoRA adapters merged into the base) and written with the ``gguf`` package's ``GGUFWriter`` under llama.cpp's
 names, metadata keys and (for ``llama``) interleaved Q/K rows, with the tokenizer as ``tokenizer.ggml.*`` and the
-chat template. Architecture: ``qwen3`` with qk-norm, ``qwen2`` with q/k/v bias, else ``llama``. Matrices are
+chat template. Architecture: ``qwen3`` with qk-norm, ``qwen2`` with q/k/v bias, else ``llama``; Llama 3.1 RoPE
+scaling is written as llama.cpp's ``rope_freqs`` tensor (the divisor of each frequency). Matrices are
 stored in the chosen type (f32, f16, bf16 or q8_0); norms and other 1-D tensors stay f32, as llama.cpp keeps
 them, and a q8_0 matrix whose rows are not a multiple of 32 values falls back to f16 (llama.cpp does the same).
 
@@ -14,6 +15,7 @@ name and renamed into place: a failure leaves OUT as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections import Counter
@@ -73,10 +75,11 @@ def gguf_architecture(cfg) -> str:
         raise CheckpointError(f"the model attends through a sliding window (model.sliding_window = "
                               f"{cfg.sliding_window}), which llama.cpp's llama/qwen2/qwen3 graphs do not apply; "
                               "GGUF export would change its outputs")
-    if cfg.rope_scaling != "none":
-        raise CheckpointError(f"RoPE scaling '{cfg.rope_scaling}' is not written to GGUF by meshlm yet; export "
-                              "with `meshlm convert to-hf` and convert that folder with llama.cpp's script")
-    return "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "llama"
+    arch = "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "llama"
+    if cfg.rope_scaling != "none" and arch != "llama":
+        raise CheckpointError(f"RoPE scaling '{cfg.rope_scaling}' on a {arch} model: llama.cpp reads Llama 3.1 "
+                              "scaling (a rope_freqs tensor) for llama models only")
+    return arch
 
 
 def _check_output(out: Path, overwrite: bool) -> None:
@@ -140,6 +143,11 @@ def _plan(model: torch.nn.Module, cfg, dtype: str) -> list[tuple[str, str, Any, 
         if t.shape[-1] % GGML_QUANT_SIZES[qtype][0]:
             qtype = Q.F16
         plan.append((name, gguf_name(name), qtype, t))
+    if cfg.rope_scaling == "llama3":  # llama.cpp divides each RoPE frequency by its factor (convert_hf_to_gguf)
+        from meshlm.models.llama import rope_inv_freq
+
+        plain = rope_inv_freq(dataclasses.replace(cfg, rope_scaling="none"))
+        plan.append(("rope_freqs", "rope_freqs.weight", Q.F32, plain / rope_inv_freq(cfg)))
     return plan
 
 
