@@ -91,7 +91,8 @@ def main() -> None:
     ours = generate(model, encode_chat(tok, PROMPT), 24, greedy=True, eos_id=checkpoint_eos_ids(ckpt, tok.eos_id))
     report["meshlm_greedy"] = tok.decode(ours)
     result = compare(model, tok, source, len(ours))
-    report["from_gguf"].update(max_abs_logit_diff=result["max_abs_logit_diff"], greedy_equal=result["hf_greedy"] == ours)
+    report["from_gguf"].update(max_abs_logit_diff=result["max_abs_logit_diff"],
+                               greedy_equal=result["hf_greedy"] == ours)
     for dtype in args.dtypes.split(","):
         out = work / f"out-{dtype}.gguf"
         wall, peak = timed(py + ["to-gguf", str(run), str(out), "--dtype", dtype, "--overwrite"])
