@@ -300,6 +300,8 @@ def test_bad_gguf_is_one_line_exit_2_and_writes_nothing(make, words, tokenizer, 
 
 def test_existing_outputs_are_refused_and_kept(converted, tmp_path, capsys):
     source, run = converted
+    code, _ = cli(["convert", "from-gguf", str(source), str(tmp_path / "fresh")], capsys)
+    assert code == 0 and (tmp_path / "fresh" / "checkpoints" / "step-00000000" / "chat_template.jinja").is_file()
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
     code, err = cli(["convert", "from-gguf", str(source), str(tmp_path / "taken")], capsys)
