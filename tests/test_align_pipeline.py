@@ -148,3 +148,12 @@ def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_
         assert done["judge"] == f"trained:{judge_dir}" != report["models"][stage]["heldout"]["judge"]
     assert f"judge `trained:{judge_dir}`" in (copy / "report.md").read_text()
     assert "judge `rule`" in (run / "report.md").read_text()
+
+
+def test_data_eval_group_fraction_reaches_the_split(tmp_path):
+    from meshlm.safety.pipeline import make_dataset
+    from meshlm.safety.synth import SynthSizes
+
+    sizes = SynthSizes(refuse=12, warn=10, answer=12)
+    few, many = (make_dataset("", tmp_path / str(f), 0, sizes, "", f)["counts"]["eval_prompts"] for f in (0.1, 0.5))
+    assert 0 < few < many  # more subjects held out, more evaluation prompts

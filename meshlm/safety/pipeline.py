@@ -32,7 +32,8 @@ MODELS = ("base", "sft", "dpo")
 SETS = ("heldout", "synthetic")
 
 
-def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str = "") -> dict:
+def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str = "",
+                 eval_group_fraction: float = 0.1) -> dict:
     """``meshlm align data``: synthesise, split and write the dataset files; returns the manifest."""
     from meshlm.safety.datasets import leak_check_files, leak_check_prompts, split_examples, write_dataset
     from meshlm.safety.spec import load_spec
@@ -41,7 +42,8 @@ def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str 
     spec = load_spec(spec_path or None)
     sizes = sizes or SynthSizes()
     files = leak_check_files(heldout)
-    split = split_examples(synthesize(spec, seed, sizes), seed, extra_eval_prompts=leak_check_prompts(files))
+    split = split_examples(synthesize(spec, seed, sizes), seed, eval_group_fraction,
+                           extra_eval_prompts=leak_check_prompts(files))
     extra = {"seed": seed, "spec": spec.path, "spec_version": spec.version, "spec_sha256": spec.sha256,
              "near_duplicate_check_against": [str(f) for f in files]}
     return write_dataset(split, out, extra)
@@ -233,7 +235,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     data = run_dir / "data"
     if not (resume and (data / "manifest.json").is_file()):
         sizes = SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer)
-        make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout)
+        make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout, cfg.data.eval_group_fraction)
     manifest = json.loads((data / "manifest.json").read_text())
     timings["data_s"] = time.perf_counter() - t0
     log(f"data: {manifest['counts']}")
