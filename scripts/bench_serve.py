@@ -302,7 +302,8 @@ def adapter_costs(ckpt: Path, work: Path, clients: int = 16, num_adapters: int =
     merged = model_from_checkpoint(adapters[0], "cpu")[0]
     merge_lora(merged)
     merged.requires_grad_(False)
-    model_bytes = sum(t.numel() * t.element_size() for k, t in merged.state_dict().items() if ".lora_" not in k)
+    unique = {t.data_ptr(): t for k, t in merged.state_dict().items() if ".lora_" not in k}  # tied weights once
+    model_bytes = sum(t.numel() * t.element_size() for t in unique.values())
     prompt = tok.prompt_ids("Tell me about the sea.")
 
     def run(model, with_bank: bool) -> float:
@@ -320,13 +321,18 @@ def adapter_costs(ckpt: Path, work: Path, clients: int = 16, num_adapters: int =
         finally:
             engine.close()
 
-    with torch.inference_mode():
-        runs = [(run(merged, False), run(base, True)) for _ in range(repeats)]  # interleaved pairs
-    merged_tps, adapters_tps = (statistics.median(r[i] for r in runs) for i in (0, 1))
+    def run_mode(mode: str) -> float:
+        bank.mode = mode
+        return run(base, True)
+
+    with torch.inference_mode():  # interleaved triples: a busy machine's drift hits all three alike
+        runs = [(run(merged, False), run_mode("grouped"), run_mode("gather")) for _ in range(repeats)]
+    merged_tps, adapters_tps, gather_tps = (statistics.median(r[i] for r in runs) for i in (0, 1, 2))
     return {"clients": clients, "adapters": num_adapters, "rank": rank, "targets": list(targets),
             "tokens_per_request": tokens, "merged_tokens_per_s": round(merged_tps, 1),
             "adapters_tokens_per_s": round(adapters_tps, 1),
             "adapters_over_merged": round(adapters_tps / merged_tps, 3),
+            "gather_bmm_tokens_per_s": round(gather_tps, 1), "gather_over_merged": round(gather_tps / merged_tps, 3),
             "adapter_bytes": bank.nbytes(), "model_bytes": model_bytes,
             "memory_one_base_plus_adapters": model_bytes + bank.nbytes(),
             "memory_merged_copies": num_adapters * model_bytes, "runs": runs}
@@ -339,7 +345,7 @@ def adapters_main(args: argparse.Namespace) -> None:
     ckpt = Path(args.adapters) if args.adapters else \
         random_checkpoints(work / "base", args.flavor, args.vocab_size, (1,))[0]
     before = [round(x, 2) for x in os.getloadavg()]
-    report = {"checkpoint": str(ckpt), **adapter_costs(ckpt, work), "loadavg_before": before,
+    report = {"checkpoint": str(ckpt), **adapter_costs(ckpt, work, repeats=args.repeats), "loadavg_before": before,
               "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     print(json.dumps(report, indent=None if args.json else 1))
 

@@ -82,26 +82,29 @@ def test_adapters_and_base_decode_in_one_batch_as_merged_models(setup):
     expected = {"base:v1": greedy(base.engine.model, prompt, 10), "assistant:v1": greedy(merged[0], prompt, 10),
                 "assistant:v2": greedy(merged[1], prompt, 10)}
     assert len({tuple(t) for t, _ in expected.values()}) == 3  # the adapters change the output
-    results, before = {}, base.engine.status()
+    for mode in ("grouped", "gather"):  # the rows of each adapter together, or each row's A/B gathered (bmm)
+        base.bank.mode = mode
+        results, before = {}, base.engine.status()
 
-    def ask(ref: str) -> None:
-        results[ref] = running.client().completions.create(model=ref, prompt=PROMPT, max_tokens=10, temperature=0,
-                                                           logprobs=0)
+        def ask(ref: str) -> None:
+            results[ref] = running.client().completions.create(model=ref, prompt=PROMPT, max_tokens=10,
+                                                               temperature=0, logprobs=0)
 
-    threads = [threading.Thread(target=ask, args=(ref,)) for ref in (*expected, *expected)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    after = base.engine.status()
-    for ref, (tokens, lps) in expected.items():
-        got = results[ref].choices[0].logprobs
-        assert len(got.tokens) == len(tokens)
-        assert max(abs(a - b) for a, b in zip(got.token_logprobs, lps)) < LOGPROB_TOL, ref  # fp32 rounding only
-    ids = [results[r].choices[0].text for r in expected]
-    assert ids == [base.tokenizer.decode(t, skip_special_tokens=True) for t, _ in expected.values()]
-    steps = after["decode_steps"] - before["decode_steps"]
-    assert steps < 6 * 10 and after["mean_batch"] > 1  # rows of the three models shared decode steps
+        threads = [threading.Thread(target=ask, args=(ref,)) for ref in (*expected, *expected)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        after = base.engine.status()
+        for ref, (tokens, lps) in expected.items():
+            got = results[ref].choices[0].logprobs
+            assert len(got.tokens) == len(tokens)
+            assert max(abs(a - b) for a, b in zip(got.token_logprobs, lps)) < LOGPROB_TOL, (mode, ref)  # rounding
+        texts = [results[r].choices[0].text for r in expected]
+        assert texts == [base.tokenizer.decode(t, skip_special_tokens=True) for t, _ in expected.values()], mode
+        steps = after["decode_steps"] - before["decode_steps"]
+        assert steps < 6 * 10 and after["mean_batch"] > 1  # rows of the three models shared decode steps
+    base.bank.mode = "grouped"
 
 
 def test_runtime_load_and_unload_keep_requests_in_flight(setup):

@@ -3,10 +3,13 @@
 Each adapted projection of the base becomes a :class:`MultiLoRALinear`: the base ``nn.Linear`` unchanged, plus the
 adapters' A (S, R, in) and B (S, out, R) stacked over slots (slot 0 is "no adapter": zeros; ranks below R are
 zero-padded, which adds nothing; B carries the adapter's alpha / r). Before each forward the engine says which
-slot every batch row uses; the layer gathers each row's A and B and applies the low-rank update with two batched
-matmuls — Punica's / vLLM multi-LoRA's scheme, in plain torch: ``y_b = W x_b + B[s_b] (A[s_b] x_b)``. That equals
-the merged model's ``(W + B A) x_b`` up to float rounding, and a batch whose rows all use slot 0 runs the base
-alone. Loading or unloading an adapter writes its slot between decode steps (the engine's lock), so rows of other
+slot every batch row uses, and the layer adds ``B[s_b] (A[s_b] x_b)`` to the base's ``W x_b``. Two ways, equal up
+to float rounding: ``gather`` copies each row's A and B and applies two batched matmuls (``bmm``; the form of
+Punica's BGMV kernel, in plain torch), ``grouped`` takes the rows of each adapter together and applies two plain
+matmuls per adapter in the batch (the segment form, SGMV), with no per-row copy of A and B. Without a fused kernel
+the copies cost more than the extra launches (scripts/bench_serve.py --adapters measures both), so ``grouped`` is
+the default. Either equals the merged model's ``(W + B A) x_b`` up to float rounding, and a batch whose rows all use
+slot 0 runs the base alone. Loading or unloading an adapter writes its slot between decode steps (the engine's lock), so rows of other
 adapters decoding at that moment are untouched.
 """
 
@@ -33,8 +36,13 @@ class MultiLoRALinear(nn.Module):
         rows = self.bank.rows
         if rows is None or self.A.shape[1] == 0:
             return out
-        a, b = self.A[rows], self.B[rows]  # (B, R, in), (B, out, R): each row's adapter
-        return out + torch.bmm(torch.bmm(x, a.transpose(1, 2)), b.transpose(1, 2))  # (B, T, R) -> (B, T, out)
+        if self.bank.mode == "gather":
+            a, b = self.A[rows], self.B[rows]  # (B, R, in), (B, out, R): each row's adapter
+            return out + torch.bmm(torch.bmm(x, a.transpose(1, 2)), b.transpose(1, 2))  # (B, T, R) -> (B, T, out)
+        for slot, index in self.bank.groups:  # the rows of one adapter at a time
+            update = (x[index] @ self.A[slot].T) @ self.B[slot].T  # (b, T, R) -> (b, T, out)
+            out.index_add_(0, index, update)
+        return out
 
     def put(self, slot: int, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
         """Write (or with None, clear) one slot, growing the slot and rank axes as needed."""
@@ -59,6 +67,8 @@ class AdapterBank:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.rows: torch.Tensor | None = None
+        self.groups: list[tuple[int, torch.Tensor]] = []  # (slot, its rows) of the next forward, slot 0 left out
+        self.mode = "grouped"  # or "gather" (module docstring)
         self.slots: dict[str, int] = {}  # adapter ref -> slot (1 ..)
         self.layers: dict[str, MultiLoRALinear] = {}  # module name in the model -> its layer
         self.lock = threading.Lock()  # held by the engine around each forward and by add/remove
@@ -85,7 +95,13 @@ class AdapterBank:
 
     def select(self, slots: list[int]) -> None:
         """The slot of every row of the next forward (the engine thread, under ``lock``)."""
-        self.rows = None if not any(slots) else torch.tensor(slots, device=next(self.model.parameters()).device)
+        if not any(slots):
+            self.rows, self.groups = None, []
+            return
+        device = next(self.model.parameters()).device
+        self.rows = torch.tensor(slots, device=device)
+        self.groups = [(s, torch.tensor([i for i, t in enumerate(slots) if t == s], device=device))
+                       for s in sorted(set(slots) - {0})]
 
     def nbytes(self) -> int:
         return sum(layer.A.nbytes + layer.B.nbytes for layer in self.layers.values())
