@@ -3,7 +3,8 @@
 Requests are encoded here: chats through the checkpoint's chat template (meshlm's own, or the HF Jinja template a
 converted checkpoint carries), completions as bos + text (or the given token ids). Chats also stop at the
 template's end-of-turn token. Length checks happen before anything is queued, so a request that cannot fit the
-context is a 400, never a failure halfway.
+context is a 400, never a failure halfway. An adapter version (:class:`AdapterBackend`) is a slot of its base's
+adapter bank: its requests go to the base's engine, tagged with the slot.
 """
 
 from __future__ import annotations
