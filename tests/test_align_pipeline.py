@@ -142,7 +142,8 @@ def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_
     logs: list[str] = []
     cfg = load_align_config(copy / "align.resolved.toml", [f'eval.judge="trained:{judge_dir}"'])
     again = run_pipeline(cfg, copy, resume=True, log=logs.append)
-    assert sum("reused" in line for line in logs) == 4  # the trained stages, but no evaluation
+    # the trained stages and the factual answers (scored without a judge), but no safety evaluation
+    assert sum("reused" in line for line in logs) == 4 + 3
     for stage in ("sft", "dpo"):
         done = json.loads((copy / "eval" / stage / "heldout" / "report.json").read_text())
         assert done["judge"] == f"trained:{judge_dir}" != report["models"][stage]["heldout"]["judge"]
