@@ -11,17 +11,13 @@ compare them token for token, tests/test_decode.py): the same KVCache objects, m
 Where the time goes instead, per decode step (profiled on SmolLM2-135M, docs/benchmarks.md "Decoding"): a step
 is ~200 small matmuls and ~4,000 tensor ops, each with a fixed dispatch cost. The packed weights
 (meshlm/generate/packed.py) make it 4 matmuls a layer; RoPE rotates q and k in one pass from tables gathered
-once per step for all layers; the mask is built once per step and window; a decode step's attention (one query
-per row) is two batched matmuls over the cached keys, with no mask when no row is padded; residual adds ride in
-``addmm``. No shape checks or Python bookkeeping per layer beyond the ops themselves.
+once per step for all layers; the mask is built once per step and window (none when no row is padded); residual adds ride in ``addmm``. No shape checks or Python bookkeeping per layer beyond the ops themselves.
 
 :func:`fast_forward` returns the fast path for a model, or the model itself where it does not apply (sharded or
 pipelined models, reward heads, LoRA dropout in training mode; see packed.py); callers treat both alike.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -127,24 +123,22 @@ def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Te
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B|1, 1, T, S) or None (causal) -> (B, T, H·Dh)."""
+    """q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B|1, 1, T, S) or None (causal) -> (B, T, H·Dh).
+
+    sdpa for decode steps too: a hand-written pair of batched matmuls + softmax measured 2× faster with one thread,
+    but with two threads on the loaded machine each of those tiny ops paid ~16 ms of OpenMP barrier (torch.profiler),
+    where sdpa's one kernel did not.
+    """
     B, H, T, Dh = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    if T == 1:  # a decode step: query head h reads kv head h // (H / Hkv); group the heads instead of repeating k/v
-        q4 = q.reshape(B, Hkv, H // Hkv, Dh)  # (B, Hkv, G, Dh)
-        scores = torch.matmul(q4, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(Dh))  # (B, Hkv, G, S)
-        if mask is not None:
-            scores.masked_fill_(~mask.view(mask.shape[0], 1, 1, S), float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, Hkv, G, Dh)
-        return out.view(B, 1, H * Dh)
-    gqa = H != Hkv
-    if mask is None:
-        if T == S:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:  # a chunk after cached tokens: causal aligned bottom-right
-            causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, enable_gqa=gqa)
+    S = k.shape[2]
+    gqa = H != k.shape[1]
+    if mask is None and T == S:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    elif mask is None and T == 1:  # a decode step: the new token sees every cached position
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
     else:
+        if mask is None:  # a chunk after cached tokens: causal aligned bottom-right
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return out.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, H·Dh)
 
