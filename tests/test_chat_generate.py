@@ -94,6 +94,23 @@ def test_plain_prompt_gets_no_chat_marker_as_bos(converted, capfd):
     assert out.startswith("The capital of France")
 
 
+def test_plain_text_rows_follow_the_tokenizer_on_bos(converted):
+    """Plain prompt/completion rows (SFT, DPO) and plain RL prompts start with bos only where the tokenizer adds
+    one: a converted ChatML model whose bos is <|im_start|> gets none (they always prepended it before)."""
+    from meshlm.data.posttrain.encode import RowEncoder
+    from meshlm.data.posttrain.rows import Row
+
+    hf_dir, run = converted["jinja"]
+    ckpt = next((run / "checkpoints").iterdir())
+    tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
+    encoder = RowEncoder(tokenizer, ckpt)
+    reference = transformers.AutoTokenizer.from_pretrained(hf_dir)("The capital of France")["input_ids"]
+    encoded = encoder.prompt_completion("The capital of France", " is Paris")
+    assert encoded.ids[: len(reference)] == list(reference) and tokenizer.bos_id not in encoded.ids
+    row = Row(kind="prompt", where="row 1", prompt="The capital of France")
+    assert encoder.prompt(row) == list(reference)
+
+
 def test_bos_is_added_where_the_post_processor_adds_it(tok, tmp_path):
     """A Llama-3-style tokenizer.json whose post-processor puts bos first: plain prompts start with it."""
     from tokenizers.processors import TemplateProcessing

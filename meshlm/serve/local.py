@@ -186,7 +186,7 @@ class LocalBackend:
                                param="prompt")
             ids = list(job.prompt)
         else:
-            ids = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(job.prompt)
+            ids = tok.prompt_ids(job.prompt)  # bos only where the tokenizer adds one
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         return ids

@@ -1,6 +1,6 @@
 """Rows to token ids and loss masks, with the truncation policy (see docs/post-training.md).
 
-Plain-text rows, exactly: ``[bos if the tokenizer defines one] + encode(prompt) + encode(completion) + [eos]``,
+Plain-text rows, exactly: ``[bos where the tokenizer adds one] + encode(prompt) + encode(completion) + [eos]``,
 each part encoded separately with no special tokens added; the loss covers the completion tokens and the eos.
 Conversations (and preference/prompt rows given as messages) go through a chat template (templates.py).
 
@@ -74,7 +74,7 @@ class RowEncoder:
     def prompt_completion(self, prompt: str, completion: str) -> Encoded:
         """The plain-text rule (module docstring)."""
         tok = self.tokenizer
-        head = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(prompt)
+        head = tok.prompt_ids(prompt)  # bos only where the tokenizer adds one
         tail = tok.encode(completion) + [tok.eos_id]
         return Encoded(head + tail, [False] * len(head) + [True] * len(tail))
 
@@ -106,12 +106,12 @@ class RowEncoder:
                                     where=where)
 
     def prompt(self, row: Row) -> list[int]:
-        """A prompt to generate from (PPO/GRPO): ``[bos] + encode(prompt)``, or the chat prompt for messages."""
+        """A prompt to generate from (PPO/GRPO): ``tokenizer.prompt_ids(prompt)`` (bos where the tokenizer adds one),
+        or the chat prompt for messages."""
         if row.prompt is None:
             raise DataError(f"{row.where}: a {row.kind} row has no prompt")
         if isinstance(row.prompt, str):
-            tok = self.tokenizer
-            return ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(row.prompt)
+            return self.tokenizer.prompt_ids(row.prompt)
         return self.template.encode_prompt(row.prompt, where=row.where)
 
 
