@@ -102,8 +102,10 @@ def apply_guard(guard, records: list[dict[str, Any]]) -> None:
         record["guarded_label"] = "refuse" if blocked else record["label"]
 
 
-def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """DIR/responses.jsonl (the records), DIR/report.json (the report without records), DIR/report.md."""
+def write_outputs(report: Mapping[str, Any], out_dir: str | Path,
+                  markdown: Callable[[Mapping[str, Any]], str] | None = None) -> dict[str, Path]:
+    """DIR/responses.jsonl (the records), DIR/report.json (the report without records), DIR/report.md (by
+    ``markdown``, the safety report's by default)."""
     from meshlm.fileio import atomic_write_text
 
     out = Path(out_dir)
@@ -113,7 +115,7 @@ def write_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, P
     atomic_write_text(paths["responses"], "".join(json.dumps(r, ensure_ascii=False) + "\n"
                                                   for r in report.get("records", [])))
     atomic_write_text(paths["report"], json.dumps(body, indent=2) + "\n")
-    atomic_write_text(paths["markdown"], report_markdown(body))
+    atomic_write_text(paths["markdown"], (markdown or report_markdown)(body))
     return paths
 
 

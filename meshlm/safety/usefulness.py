@@ -121,17 +121,9 @@ def report_markdown(report: Mapping[str, Any]) -> str:
 
 def write_fact_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
     """DIR/responses.jsonl (the records), DIR/report.json (the report without records), DIR/report.md."""
-    from meshlm.fileio import atomic_write_text
+    from meshlm.safety.evaluate import write_outputs
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    body = {k: v for k, v in report.items() if k != "records"}
-    paths = {"responses": out / "responses.jsonl", "report": out / "report.json", "markdown": out / "report.md"}
-    atomic_write_text(paths["responses"], "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                                  for r in report.get("records", [])))
-    atomic_write_text(paths["report"], json.dumps(body, indent=2) + "\n")
-    atomic_write_text(paths["markdown"], report_markdown(body))
-    return paths
+    return write_outputs(report, out_dir, markdown=report_markdown)
 
 
 # ---- in the align pipeline (meshlm/safety/pipeline.py) --------------------------------------------------------
