@@ -48,7 +48,7 @@ def register(sub, add_config_args) -> None:
 
 
 def run_safety(args: argparse.Namespace) -> int:
-    from meshlm.safety.evaluate import (checkpoint_generator, endpoint_generator, evaluate_safety,
+    from meshlm.safety.evaluate import (evaluate_safety,
                                         read_prompt_rows, write_outputs)
     from meshlm.safety.judges import judge_options, make_judge
     from meshlm.safety.metrics import DEGENERACY, HEADLINE, parse_gates
@@ -67,14 +67,7 @@ def run_safety(args: argparse.Namespace) -> int:
         from meshlm.safety.guard import Guard
 
         guard = Guard.load(args.guard)
-    if args.checkpoint:
-        generate = checkpoint_generator(args.checkpoint, max_new_tokens=args.max_new_tokens, device=args.device,
-                                        system=args.system)
-        source = args.checkpoint
-    else:
-        generate = endpoint_generator(args.endpoint, args.model, max_tokens=args.max_new_tokens,
-                                      system=args.system, api_key_env=args.api_key_env)
-        source = f"{args.endpoint}#{args.model}"
+    generate, source = generator_from_args(args)
     report = evaluate_safety(rows, generate, judge, guard, args.gate, batch_size=args.batch_size,
                              progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     report = {"source": source, "prompts_file": args.prompts, **report}
@@ -92,3 +85,16 @@ def run_safety(args: argparse.Namespace) -> int:
             print(f"gate {gate['gate']}: {'pass' if gate['passed'] else 'FAIL ' + gate.get('reason', '')}")
         print(f"wrote {args.out}/responses.jsonl, report.json, report.md")
     return 0 if body["passed"] else 1
+
+
+def generator_from_args(args: argparse.Namespace):
+    """(generate, source) for --checkpoint or --endpoint/--model (shared by eval safety and eval facts)."""
+    from meshlm.safety.evaluate import checkpoint_generator, endpoint_generator
+
+    if args.checkpoint:
+        generate = checkpoint_generator(args.checkpoint, max_new_tokens=args.max_new_tokens, device=args.device,
+                                        system=args.system)
+        return generate, args.checkpoint
+    generate = endpoint_generator(args.endpoint, args.model, max_tokens=args.max_new_tokens,
+                                  system=args.system, api_key_env=args.api_key_env)
+    return generate, f"{args.endpoint}#{args.model}"

@@ -37,7 +37,6 @@ def add_parser(group) -> None:
 
 
 def run_facts(args: argparse.Namespace) -> int:
-    from meshlm.safety.evaluate import checkpoint_generator, endpoint_generator
     from meshlm.safety.usefulness import evaluate_facts, read_questions, write_fact_outputs
 
     if bool(args.endpoint) != bool(args.model):
@@ -46,14 +45,9 @@ def run_facts(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise ConfigError("--max-new-tokens, --batch-size and --limit must be at least 1")
     rows = read_questions(args.questions)[:args.limit]
-    if args.checkpoint:
-        generate = checkpoint_generator(args.checkpoint, max_new_tokens=args.max_new_tokens, device=args.device,
-                                        system=args.system)
-        source = args.checkpoint
-    else:
-        generate = endpoint_generator(args.endpoint, args.model, max_tokens=args.max_new_tokens,
-                                      system=args.system, api_key_env=args.api_key_env)
-        source = f"{args.endpoint}#{args.model}"
+    from meshlm.cli.eval import generator_from_args
+
+    generate, source = generator_from_args(args)
     report = evaluate_facts(rows, generate, batch_size=args.batch_size,
                             progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     report = {"source": source, "questions_file": args.questions or "embedded", **report}
