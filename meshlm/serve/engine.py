@@ -99,6 +99,7 @@ class BatchEngine:
         self._cond = threading.Condition()
         self._pending: deque[list[Sequence]] = deque()  # requests: the rows of one request join together
         self._rows: list[Sequence] = []
+        self._joining: list[Sequence] = []  # taken from the queue, not yet in the batch (prefilling)
         self._closing = False
         # The batch (engine thread only): per-layer KV caches (B, Hkv, W, Dh), real-token mask (B, W), the next
         # RoPE position (B,) and the token to feed next (B,) of each row; ``cursor`` slots are filled.
@@ -170,6 +171,15 @@ class BatchEngine:
             self._cond.notify()
         self._thread.join(timeout)
 
+    def drain(self, adapter: int, timeout: float | None = None) -> bool:
+        """Wait until no queued or active row uses ``adapter`` (its slot can then be freed); False on timeout."""
+        def idle() -> bool:
+            return not any(s.adapter == adapter for s in [*self._rows, *self._joining]) and \
+                not any(s.adapter == adapter for rows in self._pending for s in rows)
+
+        with self._cond:
+            return self._cond.wait_for(idle, timeout)
+
     @property
     def busy(self) -> bool:
         return bool(self._rows or self._pending)
@@ -184,7 +194,7 @@ class BatchEngine:
                     if self._closing and not (self._pending or self._rows):
                         return
                     self._pending = deque(r for r in self._pending if not all(s.cancelled for s in r))
-                    joining = self._admissible()
+                    joining = self._joining = self._admissible()
                 try:
                     if joining:
                         self._join(joining)
@@ -270,7 +280,7 @@ class BatchEngine:
         fresh = torch.zeros(G, dtype=torch.long, device=self.device)
         self._last = torch.cat([self._last, fresh]) if old else fresh
         with self._cond:
-            self._rows = [*self._rows, *joining]
+            self._rows, self._joining = [*self._rows, *joining], []
 
     def _step(self) -> None:
         """One decode step for every active row."""
@@ -317,6 +327,7 @@ class BatchEngine:
             return
         with self._cond:
             self._rows = [self._rows[i] for i in keep]
+            self._cond.notify_all()  # wakes drain() waiters (and the engine thread, which finds work as before)
         if not keep:
             self._cache = []
             self._cursor = 0
@@ -338,7 +349,8 @@ class BatchEngine:
                 seq.done = True
                 seq.emit(Failed(error))
         with self._cond:
-            self._rows = []
+            self._rows = self._joining = []
+            self._cond.notify_all()
         self._cache, self._cursor = [], 0
 
 

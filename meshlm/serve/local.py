@@ -253,6 +253,8 @@ class AdapterBackend:
                 **self.base.engine.status()}
 
     async def aclose(self) -> None:
-        """Called once this version's in-flight requests are done: free the slot, release the base."""
+        """Called once nothing routes to this version any more: wait for its queued and in-flight rows (they decode
+        with its slot to the end), then free the slot and release the base."""
+        await anyio.to_thread.run_sync(self.base.engine.drain, self.slot)
         await anyio.to_thread.run_sync(self.base.bank.remove, self.ref)
         await self.base.aclose()
