@@ -6,6 +6,7 @@ a request in flight."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx2
 import pytest
@@ -112,14 +113,21 @@ def test_runtime_load_and_unload_keep_requests_in_flight(setup):
     base = running.backend("base:v1")
     prompt = completion_prompt(base, PROMPT)
     alone = base.tokenizer.decode(greedy(merged[0], prompt, 40)[0], skip_special_tokens=True)
+    # Each forward of the base waits 50 ms while the admin calls run, so v1's stream is surely still decoding
+    # when v1 stops being routed to (on a tiny model 40 tokens otherwise end before the first admin call).
+    slow = base.engine.model.register_forward_pre_hook(lambda *_: time.sleep(0.05))
     stream = running.client().completions.create(model="assistant:v1", prompt=PROMPT, max_tokens=40, temperature=0,
                                                  stream=True)
     first = next(iter(stream)).choices[0].text
+    # v2 is the candidate (whether or not the batch test above ran first, on this worker or another)
+    assert admin(running, "/admin/rollout", {"name": "assistant", "version": 2, "share": 0.5}).status_code == 200
     # While it decodes: v2 becomes stable (v1 kept for a rollback), then v3 (loaded now) replaces it, so v1 is
     # no longer needed and is unloaded once its stream is done.
     assert admin(running, "/admin/promote", {"name": "assistant"}).status_code == 200
     assert admin(running, "/admin/rollout", {"name": "assistant", "version": 3, "share": 1.0}).status_code == 200
     assert admin(running, "/admin/promote", {"name": "assistant"}).status_code == 200
+    assert base.engine.busy  # v1's row still decoding: its slot must outlive the promote that retired v1
+    slow.remove()
     text = first + "".join(c.choices[0].text for c in stream)
     assert text == alone  # finished on v1's adapter, untouched by the loads beside it
     deadline = threading.Event()
