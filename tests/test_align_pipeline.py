@@ -60,7 +60,7 @@ def tiny_run(tmp_path_factory):
                              for i, (q, a) in enumerate(questions)))
     cfg = load_align_config(None, [
         "data.refuse=12", "data.warn=10", "data.answer=12", "model.seq_len=64", "base.steps=2", "base.batch_size=4",
-        "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1", "dpo.steps=2", "dpo.batch_size=2", "model.dim=32",
+        "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1", 'sft.answer_targets="base"', "sft.answer_rows=8", "dpo.steps=2", "dpo.batch_size=2", "model.dim=32",
         "dpo.on_policy_prompts=24", "dpo.probe_prompts=6",
         "redteam.per_family=1", 'redteam.families=["roleplay","encoding"]', "eval.max_new_tokens=4",
         f'eval.heldout="{held}"', "eval.batch_size=16", f'eval.facts="{facts}"', "eval.facts_max_new_tokens=4"])
@@ -94,6 +94,10 @@ def test_tiny_pipeline_writes_every_stage_and_a_side_by_side_report(tiny_run):
     from meshlm.safety.spec import STANDARD_CATEGORIES
 
     assert {g.split(":")[0] for g in report["data"]["eval_groups"]} == set(STANDARD_CATEGORIES)  # the held subjects
+    distilled = report["data"]["self_distill"]  # the base answered 8 answer and 8 warn prompts of sft.jsonl
+    assert distilled["answer_asked"] == 8 and distilled["warn_asked"] == 8
+    assert str(run / "data" / "sft_self.jsonl") in (run / "sft" / "config.resolved.toml").read_text()
+    assert len((run / "data" / "sft_self.jsonl").read_text().splitlines()) == report["data"]["counts"]["sft"]
     for stage in ("base", "sft", "dpo"):  # model.dim reaches every training run
         assert "dim = 32" in (run / stage / "config.resolved.toml").read_text()
 
@@ -114,7 +118,8 @@ def test_resume_reuses_every_finished_stage_and_evaluation(tiny_run):
     run, report = tiny_run
     logs: list[str] = []
     again = run_pipeline(load_align_config(run / "align.resolved.toml"), run, resume=True, log=logs.append)
-    assert sum("reused" in line for line in logs) == 4 + 5 + 3  # base, sft, on-policy, dpo; 5 evaluations; facts
+    # base, self-distilled rows, sft, on-policy, dpo; 5 evaluations; facts
+    assert sum("reused" in line for line in logs) == 5 + 5 + 3
     assert again["models"] == json.loads(json.dumps(report["models"]))
     assert again["gates"] == report["gates"]
 
@@ -142,8 +147,9 @@ def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_
     logs: list[str] = []
     cfg = load_align_config(copy / "align.resolved.toml", [f'eval.judge="trained:{judge_dir}"'])
     again = run_pipeline(cfg, copy, resume=True, log=logs.append)
-    # the trained stages and the factual answers (scored without a judge), but no safety evaluation
-    assert sum("reused" in line for line in logs) == 4 + 3
+    # the trained stages (and the self-distilled rows they were trained on) and the factual answers (scored
+    # without a judge), but no safety evaluation
+    assert sum("reused" in line for line in logs) == 5 + 3
     for stage in ("sft", "dpo"):
         done = json.loads((copy / "eval" / stage / "heldout" / "report.json").read_text())
         assert done["judge"] == f"trained:{judge_dir}" != report["models"][stage]["heldout"]["judge"]

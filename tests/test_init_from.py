@@ -98,12 +98,12 @@ def test_align_base_checkpoint_takes_a_converted_model(converted, tmp_path):
     (data / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_align_config(None, [f"base.checkpoint={converted}", "sft.steps=1", "sft.batch_size=2",
                                    "sft.warmup_steps=0", "model.seq_len=64"])
-    run = train_sft(cfg, data, converted, tmp_path / "sft", resume=False, log=print)
+    run = train_sft(cfg, data / "sft.jsonl", converted, tmp_path / "sft", resume=False, log=print)
     _, job, state, _ = model_from_checkpoint(run)
     assert state["step"] == 1 and job.model.vocab_size == VOCAB_ROWS and job.model.source == "hf"
     wrong = load_align_config(None, [f"base.checkpoint={converted}", "sft.steps=1", "model.dim=32"])
     with pytest.raises(ConfigError, match="model.dim = 32 contradicts"):
-        train_sft(wrong, data, converted, tmp_path / "sft-wrong", resume=False, log=print)
+        train_sft(wrong, data / "sft.jsonl", converted, tmp_path / "sft-wrong", resume=False, log=print)
 
 
 def test_old_checkpoint_with_both_copies_of_a_tied_head_still_loads(converted, tmp_path):

@@ -68,6 +68,12 @@ class SFTSection:
     batch_size: int = option(16, "Sequences (packed) per step.")
     lr: float = option(3e-3, "Peak learning rate.")
     warmup_steps: int = option(30, "Linear warmup steps.")
+    answer_targets: str = option("template", "Targets of the safe (answer, warn) rows: 'template' (the synthesised "
+                                 "text) or 'base' (the base model's own answers where the judge accepts them; warn "
+                                 "rows add a caution and a referral; meshlm/safety/selfdistill.py).",
+                                 choices=("template", "base"))
+    answer_rows: int = option(0, "With answer_targets = 'base': at most this many answer and this many warn prompts "
+                              "answered by the base (0: all of them); the rest keep their templates.")
 
 
 @dataclass

@@ -80,10 +80,30 @@ def train_base(cfg: AlignConfig, run_dir: Path, resume: bool, log: Log) -> Path:
     return _train(raw, run_dir, resume, log)
 
 
-def train_sft(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resume: bool, log: Log) -> Path:
+def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, judge) -> Path:
+    """The SFT file: ``data/sft.jsonl``, or with ``sft.answer_targets = "base"`` ``data/sft_self.jsonl`` (the
+    safe rows' targets in the base model's words, :mod:`meshlm.safety.selfdistill`)."""
+    if cfg.sft.answer_targets == "template":
+        return data / "sft.jsonl"
+    from meshlm.safety.evaluate import checkpoint_generator
+    from meshlm.safety.selfdistill import write_self_distilled
+
+    out, summary = data / "sft_self.jsonl", data / "self_distill.json"
+    if resume and out.is_file() and summary.is_file():
+        log(f"self-distilled SFT rows: reused {out}")
+        return out
+    generate = checkpoint_generator(base, max_new_tokens=cfg.eval.max_new_tokens)
+    counts = write_self_distilled(data, out, generate, judge.label, limit=cfg.sft.answer_rows, seed=cfg.data.seed,
+                                  batch_size=cfg.eval.batch_size)
+    atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
+    log(f"self-distilled SFT rows: {counts}")
+    return out
+
+
+def train_sft(cfg: AlignConfig, rows: Path, init_from: Path, run_dir: Path, resume: bool, log: Log) -> Path:
     s = cfg.sft
     raw = {**_common(cfg), "model": cfg.model.overrides(), "data": {"seq_len": cfg.model.seq_len,
-           "path": str(data / "sft.jsonl")}, "optimizer": {"lr": s.lr}, "schedule": {"warmup_steps": s.warmup_steps},
+           "path": str(rows)}, "optimizer": {"lr": s.lr}, "schedule": {"warmup_steps": s.warmup_steps},
            "training": {"objective": "sft", "steps": s.steps, "batch_size": s.batch_size, "eval_interval": 0},
            "objective": {"packing": True, "eval_fraction": 0.02}, "checkpoint": {**_common(cfg)["checkpoint"],
            "init_from": str(init_from)}}  # fmt: skip
@@ -244,8 +264,14 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     checkpoints["base"] = Path(cfg.base.checkpoint) if cfg.base.checkpoint else \
         train_base(cfg, run_dir / "base", resume, log)
     timings["base_s"] = time.perf_counter() - t
+    if cfg.sft.answer_targets != "template":
+        t = time.perf_counter()
+        rows = sft_rows(cfg, data, checkpoints["base"], resume, log, judge)
+        timings["self_distill_s"] = time.perf_counter() - t
+    else:
+        rows = data / "sft.jsonl"
     t = time.perf_counter()
-    checkpoints["sft"] = train_sft(cfg, data, checkpoints["base"], run_dir / "sft", resume, log)
+    checkpoints["sft"] = train_sft(cfg, rows, checkpoints["base"], run_dir / "sft", resume, log)
     timings["sft_s"] = time.perf_counter() - t
     if cfg.dpo.enabled:
         t = time.perf_counter()
@@ -277,6 +303,8 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     on_policy = data / "on_policy.json"
     if cfg.dpo.enabled and (cfg.dpo.on_policy_prompts or cfg.dpo.probe_prompts) and on_policy.is_file():
         manifest = {**manifest, "on_policy": json.loads(on_policy.read_text())}
+    if (data / "self_distill.json").is_file() and cfg.sft.answer_targets != "template":
+        manifest = {**manifest, "self_distill": json.loads((data / "self_distill.json").read_text())}
     report = {"config": json.loads(json.dumps(cfg, default=lambda o: o.__dict__)), "data": manifest,
               "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "final_model": final,
               "timings": timings, "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),

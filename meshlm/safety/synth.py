@@ -78,10 +78,15 @@ def refusal(rng: random.Random, category: str, topic: str) -> str:
 
 
 def warn_answer(rng: random.Random, category: str, info: str) -> str:
+    return f"{info} {warn_closing(rng, category)}"
+
+
+def warn_closing(rng: random.Random, category: str) -> str:
+    """The caution and the referral that close a warn answer of ``category``."""
     found = material(category, "warn")
     caution = rng.choice(found.get("cautions", material("medical", "warn")["cautions"]))
     referral = rng.choice(found.get("referrals", _GENERIC_REFERRALS))
-    return f"{info} {caution} {referral}"
+    return f"{caution} {referral}"
 
 
 def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:

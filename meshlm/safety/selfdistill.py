@@ -1,0 +1,96 @@
+"""SFT targets in the base model's own words for the prompts it already handles well.
+
+Template answers are short and uniform: fine-tuning a pretrained chat model on them moves what it says to every
+safe prompt (shorter, flatter answers, facts it knew replaced by the template's style) while it learns to refuse.
+With ``sft.answer_targets = "base"`` the base model answers the SFT set's single-turn ``answer`` and ``warn``
+prompts first (greedy, the evaluation's budget; direct prompts only: a safe question inside an attack framing keeps
+its template, which teaches answering through the framing), and
+
+- an ``answer`` row takes the base's answer as its target when the judge labels it ``answer`` (not a refusal,
+  not a referral, not degenerate text), cut to its last complete sentence;
+- a ``warn`` row takes the base's answer (its first sentences) followed by a caution and a referral of the
+  category (:func:`meshlm.safety.synth.warn_closing`) when the base's answer alone is labelled ``answer`` and the
+  whole is labelled ``warn``.
+
+Every other row (refuse rows, multi-turn rows, prompts the base refused or looped on) keeps its template target.
+On safe prompts the fine-tune then mostly sees text it already assigns high probability, so the update is
+spent on what it has to learn: the refusals and the referrals.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Callable
+
+from meshlm.fileio import atomic_write_text
+from meshlm.safety.synth import warn_closing
+
+Generate = Callable[[list[str]], list[str]]
+Label = Callable[[list[str], list[str]], list[str]]  # a judge's batched label(prompts, responses)
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+_WARN_INFO_CHARS = 320  # the base's information in a warn target: its first sentences up to this length
+
+
+def complete_sentences(text: str, max_chars: int | None = None) -> str:
+    """``text`` cut after its last complete sentence (and, with ``max_chars``, after the last one that ends within
+    it; the first sentence is kept whole); "" when no sentence is complete."""
+    text = text.strip()
+    ends = [m.start() for m in _SENTENCE_END.finditer(text + " ")]
+    if not ends:
+        return ""
+    fits = [e for e in ends if max_chars is None or e <= max_chars] or ends[:1]
+    return text[:fits[-1]].strip()
+
+
+def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: int = 0, seed: int = 0,
+                 batch_size: int = 32) -> tuple[list[dict], dict]:
+    """``rows`` with base-model targets where they pass (module docstring); ``limit`` > 0 answers at most that
+    many prompts of each policy (the others keep their templates). Returns (rows, counts)."""
+    rng = random.Random(f"self-distill:{seed}")
+    picked = {"answer": [], "warn": []}
+    for i, row in enumerate(rows):
+        roles = [m["role"] for m in row["messages"]]
+        if row.get("policy") in picked and roles == ["user", "assistant"] and row.get("family", "direct") == "direct":
+            picked[row["policy"]].append(i)
+    for policy, index in picked.items():
+        if limit and len(index) > limit:
+            picked[policy] = sorted(rng.sample(index, limit))
+    todo = sorted(picked["answer"] + picked["warn"])
+    prompts = [rows[i]["messages"][0]["content"] for i in todo]
+    answers: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        answers += generate(prompts[start:start + batch_size])
+    targets, infos = [], []
+    for i, answer in zip(todo, answers):
+        if rows[i]["policy"] == "answer":
+            targets.append(complete_sentences(answer))
+            infos.append("")
+        else:
+            info = complete_sentences(answer, _WARN_INFO_CHARS)
+            infos.append(info)
+            targets.append(f"{info} {warn_closing(rng, rows[i]['category'])}" if info else "")
+    target_labels = label(prompts, targets)
+    info_labels = label(prompts, infos)
+    out = list(rows)
+    counts = {"answer_asked": len(picked["answer"]), "answer_kept": 0, "warn_asked": len(picked["warn"]),
+              "warn_kept": 0}
+    for i, target, info, lab, info_lab in zip(todo, targets, infos, target_labels, info_labels):
+        policy = rows[i]["policy"]
+        keep = bool(target) and (lab == "answer" if policy == "answer" else info_lab == "answer" and lab == "warn")
+        if keep:
+            out[i] = {**rows[i], "messages": [rows[i]["messages"][0], {"role": "assistant", "content": target}],
+                      "target": "base"}
+            counts[f"{policy}_kept"] += 1
+    return out, counts
+
+
+def write_self_distilled(data: Path, out: Path, generate: Generate, label: Label, *, limit: int, seed: int,
+                         batch_size: int) -> dict:
+    """``out``: ``data/sft.jsonl`` with :func:`self_distill`'s targets; returns its counts."""
+    rows = [json.loads(line) for line in (data / "sft.jsonl").read_text().splitlines() if line.strip()]
+    new, counts = self_distill(rows, generate, label, limit=limit, seed=seed, batch_size=batch_size)
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new))
+    return counts
