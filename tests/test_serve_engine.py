@@ -10,6 +10,7 @@ import time
 import torch
 
 from meshlm.generate import generate
+from meshlm.generate.decode import FastForward
 from meshlm.serve.decode import TextStream, sample_rows
 from meshlm.serve.engine import BatchEngine
 from meshlm.serve.protocol import Finished, Sampling
@@ -31,9 +32,19 @@ def _collect(engine: BatchEngine, prompt: list[int], max_new: int, sampling: Sam
     return seq, done
 
 
+def plain_greedy(model, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens by the model's own full forward (no cache, no fast path) each step."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(steps):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
 def test_joining_rows_decode_what_they_would_alone():
     model = tiny_model(max_seq_len=48)
     engine = BatchEngine(model, DigitTokenizer(), max_batch=8, max_queue=16)
+    assert isinstance(engine._forward(), FastForward)  # no adapters: the engine decodes on the fast path
     greedy = Sampling(temperature=0.0)
     prompts = [[5, 17, 3, 42], [7], list(range(10, 22)), [1, 2, 3], list(range(30, 60))]
     lengths = [20, 30, 12, 25, 18]
@@ -49,6 +60,7 @@ def test_joining_rows_decode_what_they_would_alone():
         engine.close()
     for (seq, _), prompt, n in zip(jobs, prompts, lengths):
         assert seq.generated == generate(model, prompt, n, greedy=True), prompt  # fp32: exact
+        assert seq.generated == plain_greedy(model, prompt, n), prompt
     stats = engine.status()
     assert joined_mid_flight and stats["prefills"] >= 2
     assert stats["tokens"] == sum(lengths) and stats["mean_batch"] > 1.5 and stats["active"] == 0

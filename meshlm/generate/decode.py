@@ -1,4 +1,4 @@
-"""The fast inference forward behind ``generate``, rollouts and (later) the server: the model's own forward with a
+"""The fast inference forward behind ``generate``, rollouts and the server: the model's own forward with a
 KV cache, minus what decoding does not need.
 
 :class:`FastForward` is called exactly like :class:`~meshlm.models.llama.Transformer` with a cache —

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from meshlm.generate.decode import fast_forward
 from meshlm.generate.rollout import left_pad
 from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
@@ -92,6 +93,7 @@ class BatchEngine:
                  max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine",
                  bank: AdapterBank | None = None) -> None:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
+        self._fast = fast_forward(model)  # last-position logits on packed weights (meshlm/generate/decode.py)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.device = torch.device(device)
         self.context = model.cfg.max_seq_len
@@ -221,16 +223,17 @@ class BatchEngine:
     def _join(self, joining: list[Sequence]) -> None:
         """Prefill ``joining`` together (one row per request), copy the rows of requests with n > 1, sample their
         first tokens and merge them into the batch."""
-        net = self.model
         first: dict[int, int] = {}  # request (group) -> its prefill row
         row_of = [first.setdefault(id(s.group), len(first)) for s in joining]
         unique = [joining[row_of.index(r)] for r in range(len(first))]
+        # the prompt's own logits only for echo with logprobs; every other prefill needs its last position only
+        net = self._forward(full=any(s.echo is not None and s.sampling.logprobs is not None for s in unique))
         ids, real = left_pad([s.prompt for s in unique], self.pad_id, self.device)  # (U, P) each
         U, P = ids.shape
         positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (U, P)
-        cache = net.new_cache(U, P, device=self.device)
+        cache = self.model.new_cache(U, P, device=self.device)
         with self._adapters(unique):
-            logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P, V)
+            logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P|1, V)
         self._stats["prefills"] += 1
         self._stats["prefill_rows"] += U
         if U < len(joining):  # n > 1: copy each request's KV rows to its other choices
@@ -287,15 +290,24 @@ class BatchEngine:
         cur = self._cursor
         self._mask[:, cur] = True
         with self._adapters(self._rows):
+            net = self._forward()
             if self._dense:  # no row has padding (e.g. a single row): slot == position, the plain causal path
-                logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur)  # (B, 1, V)
+                logits = net(self._last[:, None], cache=self._cache, start_pos=cur)  # (B, 1, V)
             else:
-                logits = self.model(self._last[:, None], cache=self._cache, start_pos=cur,
-                                    position_ids=self._pos[:, None], padding_mask=self._mask[:, :cur + 1])
+                logits = net(self._last[:, None], cache=self._cache, start_pos=cur, position_ids=self._pos[:, None],
+                             padding_mask=self._mask[:, :cur + 1])
         self._cursor, self._pos = cur + 1, self._pos + 1
         self._stats["decode_steps"] += 1
         self._stats["batch_rows"] += len(self._rows)
         self._accept(self._rows, logits[:, -1], range(len(self._rows)))
+
+    def _forward(self, full: bool = False) -> Callable[..., torch.Tensor]:
+        """The fast decode path, or the model's own forward where a caller needs every position's logits or LoRA
+        adapters are loaded on this base (their per-row updates live in the model's layers, not in the packed
+        weights)."""
+        if full or (self.bank is not None and self.bank.layers):
+            return self.model
+        return self._fast
 
     @contextmanager
     def _adapters(self, rows: list[Sequence]) -> Iterator[None]:
