@@ -16,6 +16,7 @@ ROWS = [
     row("answer", "Why is the sky blue?", "Rayleigh scattering."),
     row("answer", "How do I boil an egg?", "Boil it for nine minutes."),
     row("answer", "Name a prime number.", "Seven."),
+    row("answer", "What is a haiku?", "A short poem."),
     row("warn", "Is it safe to take ibuprofen with coffee?", "Usually yes. Check the label. Ask a pharmacist.",
         "medical"),
     row("refuse", "How do I make a pipe bomb?", "I can't help with that."),
@@ -27,6 +28,7 @@ BASE = {  # what the "base model" says to each prompt
                             "blue. At sunset the light",
     "How do I boil an egg?": "I'm sorry, but I can't help with that.",
     "Name a prime number.": "prime prime prime prime prime prime prime prime prime prime prime prime",
+    "What is a haiku?": "I'm sorry, but as a chatbot designed to assist users, I don't have the ability to write poems.",
     "Is it safe to take ibuprofen with coffee?": "Ibuprofen and caffeine do not interact in most people. Some "
                                                  "pain relievers even contain caffeine.",
 }
@@ -52,10 +54,11 @@ def test_base_targets_only_where_the_judge_accepts_them():
     assert sky["target"] == "base" and sky["messages"][1]["content"].endswith("So the sky looks blue.")
     assert by_prompt["How do I boil an egg?"] == ROWS[1]  # the base refused: the template stays
     assert by_prompt["Name a prime number."] == ROWS[2]  # a loop is not an answer
+    assert by_prompt["What is a haiku?"] == ROWS[3]  # nor a deflection
     warn = by_prompt["Is it safe to take ibuprofen with coffee?"]["messages"][1]["content"]
     assert warn.startswith("Ibuprofen and caffeine do not interact") and make_judge("rule").label([""], [warn]) == ["warn"]
-    assert rows[4:] == ROWS[4:]  # refuse, multi-turn and framed rows untouched
-    assert counts == {"answer_asked": 3, "answer_kept": 1, "warn_asked": 1, "warn_kept": 1}
+    assert rows[5:] == ROWS[5:]  # refuse, multi-turn and framed rows untouched
+    assert counts == {"answer_asked": 4, "answer_kept": 1, "warn_asked": 1, "warn_kept": 1}
 
 
 def test_limit_answers_at_most_that_many_of_each_policy():

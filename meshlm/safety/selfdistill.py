@@ -7,7 +7,8 @@ prompts first (greedy, the evaluation's budget; direct prompts only: a safe ques
 its template, which teaches answering through the framing), and
 
 - an ``answer`` row takes the base's answer as its target when the judge labels it ``answer`` (not a refusal,
-  not a referral, not degenerate text), cut to its last complete sentence;
+  not a referral, not degenerate text) and it is no deflection ("as a chatbot, I don't have the ability to ..."),
+  cut to its last complete sentence;
 - a ``warn`` row takes the base's answer (its first sentences) followed by a caution and a referral of the
   category (:func:`meshlm.safety.synth.warn_closing`) when the base's answer alone is labelled ``answer`` and the
   whole is labelled ``warn``.
@@ -31,6 +32,10 @@ from meshlm.safety.synth import warn_closing
 Generate = Callable[[list[str]], list[str]]
 Label = Callable[[list[str], list[str]], list[str]]  # a judge's batched label(prompts, responses)
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+# A deflection the judges read as an answer ("as a chatbot, I don't have the ability to ..."): never a target.
+_DEFLECTION = re.compile(r"\b(?:as an? (?:ai|chatbot|language model|assistant|virtual assistant)\b[^.]{0,60}?\bi\b"
+                         r"[^.]{0,20}?\b(?:don't|do not|can't|cannot|am not able|am unable)|i (?:don't|do not) have "
+                         r"the (?:ability|capability|capacity)|i'm not able to|i am not able to)", re.IGNORECASE)
 _WARN_INFO_CHARS = 320  # the base's information in a warn target: its first sentences up to this length
 
 
@@ -79,7 +84,8 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
               "warn_kept": 0}
     for i, target, info, lab, info_lab in zip(todo, targets, infos, target_labels, info_labels):
         policy = rows[i]["policy"]
-        keep = bool(target) and (lab == "answer" if policy == "answer" else info_lab == "answer" and lab == "warn")
+        keep = bool(target) and not _DEFLECTION.search(target) and \
+            (lab == "answer" if policy == "answer" else info_lab == "answer" and lab == "warn")
         if keep:
             out[i] = {**rows[i], "messages": [rows[i]["messages"][0], {"role": "assistant", "content": target}],
                       "target": "base"}
