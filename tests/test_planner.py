@@ -172,8 +172,10 @@ def megatron_tflops(efficiency: float) -> dict[str, float]:
 
 
 def test_megatron_table1_throughput():
-    """Calibrate the efficiency on the 7.5B row, predict the other nine. Errors (docs/planner.md): -1% to +4% up
-    to 145B, then -9%, -15%, -15% for 310B-1T (their bigger GEMMs run faster than one efficiency factor says)."""
+    """Calibrate the efficiency on the 7.5B row with the preset's 20 µs per matmul kernel (timing.py), the other
+    nine within ±10% (docs/planner.md: +0.9% … +8.1%, −1.4%, −7.4%, −7.1% for 310B–1T; without the per-kernel
+    term −1% … +4% up to 145B, then −9%, −15%, −15%: their bigger GEMMs run closer to peak). The 20 µs was
+    chosen on this table, so this guards the model; the leave-one-out errors in docs/planner.md are its test."""
     lo, hi = 0.05, 1.0
     for _ in range(30):  # bisection: the step is not linear in the efficiency (memory-bound parts)
         mid = (lo + hi) / 2
@@ -182,7 +184,14 @@ def test_megatron_table1_throughput():
     predicted = megatron_tflops(lo)
     errors = {name: predicted[name] / pub - 1 for name, *_, pub in MEGATRON}
     assert abs(errors["gpt-7.5b"]) < 0.01
-    assert all(abs(e) < 0.16 for e in errors.values()), errors
+    assert all(abs(e) < 0.10 for e in errors.values()), errors
+    flat = dataclasses.replace(resolve_hardware("a100-80gb", 8), matmul_overhead_us=0.0)  # one efficiency for all
+    assert evaluate(GPT_PRESETS["gpt-1t"], Layout(6, 1, 8, 64, "1f1b", 1, microbatches=512, micro_batch_size=1,
+                                                  sharding="none", activation_checkpointing="full"),
+                    Training(2048, 3072, "fp16", efficiency=lo), flat).time.step_time_s < \
+        evaluate(GPT_PRESETS["gpt-1t"], Layout(6, 1, 8, 64, "1f1b", 1, microbatches=512, micro_batch_size=1,
+                                               sharding="none", activation_checkpointing="full"),
+                 Training(2048, 3072, "fp16", efficiency=lo), resolve_hardware("a100-80gb", 8)).time.step_time_s
 
 
 def test_torchtitan_llama3_8b_fsdp():

@@ -3,7 +3,10 @@
 Assumptions (docs/planner.md):
 - compute: FLOPs of the matmuls (blocks, attention scores and values over the full sequence, LM head), forward
   + 2× for backward, + one more forward of the blocks under full activation checkpointing (selective
-  recomputes element-wise ops only: no matmul FLOPs). Time = FLOPs / (peak · efficiency). MFU counts the
+  recomputes element-wise ops only: no matmul FLOPs). Time = FLOPs / (peak · efficiency) + (matmul kernels
+  run) · ``hw.matmul_overhead_us``: a fixed cost per matmul kernel (launch, the last partial wave of tiles,
+  the ramp of a kernel's start and end), so that a large GEMM runs closer to peak than a small one — at an
+  overhead t₀, a GEMM of F FLOPs runs at F / (F + t₀·peak·efficiency) of the efficiency's rate. MFU counts the
   model's FLOPs without recompute; HFU counts what the hardware ran.
 - collectives: α-β ring model, nccl-tests convention: all-reduce 2(n−1)/n·S/B + 2(n−1)·α, all-gather and
   reduce-scatter (n−1)/n·S/B + (n−1)·α. A group inside one node uses the intra-node bandwidth; a group that
@@ -118,6 +121,18 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, training: Training) -> fl
     return training.compute_bytes * (replicated / (t if sp else 1) + (partitioned + scores) / t)
 
 
+def rank_matmuls(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int) -> int:
+    """Matmul kernels one rank runs in a step: per micro-batch and layer the block's weight matmuls and attention's
+    two (scores, values), three times (forward, input and weight gradients) plus one more forward under full
+    recompute; the head's three on the last stage."""
+    per_layer = sum(1 for x in spec.block_tensors() if x.matmul) + 2
+    passes = 3 + (1 if layout.activation_checkpointing == "full" else 0)
+    count = 0
+    for st in rank_stages(spec, layout, pp_rank):
+        count += st.layers * per_layer * passes + (3 if st.index == layout.num_stages - 1 else 0)
+    return count * steps_per_optimizer_step(layout, training)
+
+
 def rank_flops(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int) -> tuple[float, float]:
     """(hardware FLOPs, model FLOPs) of one rank's step (its share of the tensor-parallel work)."""
     s, t = training.seq_len, layout.tp
@@ -160,6 +175,8 @@ def step_time(spec: ModelSpec, layout: Layout, training: Training, hw: Hardware)
         for c in colls:
             times[c.role] += collective_time(c, layout, hw)
         compute = hw_flops / peak + _elementwise_time(spec, layout, training, hw, r)
+        if hw.matmul_overhead_us:
+            compute += rank_matmuls(spec, layout, training, r) * hw.matmul_overhead_us * 1e-6
         busy = compute + times["tp"] + times["p2p"]
         if worst is None or busy > worst[0]:
             worst = (busy, compute, times, colls)
