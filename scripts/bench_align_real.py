@@ -8,7 +8,7 @@
 counted in the pipeline's time). The pipeline is configs/align-smollm2.toml with base.checkpoint set. Prints
 every stage's wall time, the load average before and after (a figure taken on a shared machine must say so),
 the held-out safety rates of base, SFT and SFT+DPO with Wilson intervals, attack success per family, the
-factual accuracy of each model and the gates. --sealed then scores SFT and SFT+DPO once on the sealed
+factual accuracy of each model and the gates. --sealed then scores base, SFT and SFT+DPO once on the sealed
 heldout_prompts_writer5.jsonl (for the final measurement only: never to choose settings).
 """
 
@@ -75,9 +75,11 @@ def sealed(run_dir: Path, cfg) -> None:
     from meshlm.safety.judges import make_judge
 
     rows, judge = read_prompt_rows(SEALED), make_judge(cfg.eval.judge)
-    for model in ("sft", "dpo"):
+    paths = {"base": Path(cfg.base.checkpoint) if cfg.base.checkpoint else run_dir / "base",
+             "sft": run_dir / "sft", "dpo": run_dir / "dpo"}
+    for model, path in paths.items():
         start = time.perf_counter()
-        generate = checkpoint_generator(run_dir / model, max_new_tokens=cfg.eval.max_new_tokens)
+        generate = checkpoint_generator(path, max_new_tokens=cfg.eval.max_new_tokens)
         report = evaluate_safety(rows, generate, judge=judge, gates=cfg.eval.gates, batch_size=cfg.eval.batch_size)
         write_outputs(report, run_dir / "eval" / model / "sealed_writer5")
         print(f"\nsealed writer5 {model} ({len(rows)} prompts, {time.perf_counter() - start:.0f} s, load {_load()}):")
@@ -97,7 +99,7 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--resume", action="store_true", help="reuse the finished stages of --run-dir")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--sealed", action="store_true", help="then score SFT and SFT+DPO on the sealed set once")
+    parser.add_argument("--sealed", action="store_true", help="then score base, SFT and SFT+DPO on the sealed set once")
     args = parser.parse_args()
     import torch
 
