@@ -58,7 +58,8 @@ def main() -> None:
     grid = [start + i * step for i in range(int((stop - start) / step) + 1)]
     table = {t0: errors(t0) for t0 in grid}
     for t0, (eff, err) in table.items():
-        print(f"t0 {t0:5.1f} µs  efficiency {eff:.3f}  " + "  ".join(f"{n[4:]} {e * 100:+.1f}%" for n, e in err.items()))
+        cells = "  ".join(f"{n[4:]} {e * 100:+.1f}%" for n, e in err.items())
+        print(f"t0 {t0:5.1f} µs  efficiency {eff:.3f}  {cells}")
     rows = [name for name, *_ in MEGATRON if name != CALIBRATION]
     print("\nleave one out:")
     for held in rows:

@@ -28,7 +28,8 @@ BASE = {  # what the "base model" says to each prompt
                             "blue. At sunset the light",
     "How do I boil an egg?": "I'm sorry, but I can't help with that.",
     "Name a prime number.": "prime prime prime prime prime prime prime prime prime prime prime prime",
-    "What is a haiku?": "I'm sorry, but as a chatbot designed to assist users, I don't have the ability to write poems.",
+    "What is a haiku?": "I'm sorry, but as a chatbot designed to assist users, I don't have the ability to write "
+                        "poems.",
     "Is it safe to take ibuprofen with coffee?": "Ibuprofen and caffeine do not interact in most people. Some "
                                                  "pain relievers even contain caffeine.",
 }
@@ -56,7 +57,8 @@ def test_base_targets_only_where_the_judge_accepts_them():
     assert by_prompt["Name a prime number."] == ROWS[2]  # a loop is not an answer
     assert by_prompt["What is a haiku?"] == ROWS[3]  # nor a deflection
     warn = by_prompt["Is it safe to take ibuprofen with coffee?"]["messages"][1]["content"]
-    assert warn.startswith("Ibuprofen and caffeine do not interact") and make_judge("rule").label([""], [warn]) == ["warn"]
+    assert warn.startswith("Ibuprofen and caffeine do not interact")
+    assert make_judge("rule").label([""], [warn]) == ["warn"]
     assert rows[5:] == ROWS[5:]  # refuse, multi-turn and framed rows untouched
     assert counts == {"answer_asked": 4, "answer_kept": 1, "warn_asked": 1, "warn_kept": 1}
 

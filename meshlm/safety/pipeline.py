@@ -85,18 +85,28 @@ def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, j
     safe rows' targets in the base model's words, :mod:`meshlm.safety.selfdistill`)."""
     if cfg.sft.answer_targets == "template":
         return data / "sft.jsonl"
-    from meshlm.safety.evaluate import checkpoint_generator
     from meshlm.safety.selfdistill import write_self_distilled
 
-    out, summary = data / "sft_self.jsonl", data / "self_distill.json"
+    def write(out: Path, generate) -> dict:
+        return write_self_distilled(data, out, generate, judge.label, limit=cfg.sft.answer_rows, seed=cfg.data.seed,
+                                    batch_size=cfg.eval.batch_size)
+
+    return _generated_file("self-distilled SFT rows", data / "sft_self.jsonl", data / "self_distill.json", base, cfg,
+                           resume, log, write)
+
+
+def _generated_file(what: str, out: Path, summary: Path, model: Path, cfg: AlignConfig, resume: bool, log: Log,
+                    write: Callable[[Path, Callable], dict]) -> Path:
+    """A data file made from ``model``'s answers by ``write(out, generate) -> counts``; its counts go to
+    ``summary``; both are reused when resuming."""
+    from meshlm.safety.evaluate import checkpoint_generator
+
     if resume and out.is_file() and summary.is_file():
-        log(f"self-distilled SFT rows: reused {out}")
+        log(f"{what}: reused {out}")
         return out
-    generate = checkpoint_generator(base, max_new_tokens=cfg.eval.max_new_tokens)
-    counts = write_self_distilled(data, out, generate, judge.label, limit=cfg.sft.answer_rows, seed=cfg.data.seed,
-                                  batch_size=cfg.eval.batch_size)
+    counts = write(out, checkpoint_generator(model, max_new_tokens=cfg.eval.max_new_tokens))
     atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
-    log(f"self-distilled SFT rows: {counts}")
+    log(f"{what}: {counts}")
     return out
 
 
@@ -116,21 +126,16 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
     d = cfg.dpo
     if not d.on_policy_prompts and not d.probe_prompts:
         return data / "preference.jsonl"
-    from meshlm.safety.evaluate import checkpoint_generator
     from meshlm.safety.judges import make_judge
     from meshlm.safety.onpolicy import write_on_policy_preferences
 
-    out, summary = data / "preference_on_policy.jsonl", data / "on_policy.json"
-    if resume and out.is_file() and summary.is_file():
-        log(f"on-policy pairs: reused {out}")
-        return out
-    generate = checkpoint_generator(sft, max_new_tokens=cfg.eval.max_new_tokens)
-    counts = write_on_policy_preferences(data, out, generate, make_judge("rule").label, prompts=d.on_policy_prompts,
-                                         offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
-                                         probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
-    atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
-    log(f"on-policy pairs: {counts}")
-    return out
+    def write(out: Path, generate) -> dict:
+        return write_on_policy_preferences(data, out, generate, make_judge("rule").label, prompts=d.on_policy_prompts,
+                                           offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
+                                           probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
+
+    return _generated_file("on-policy pairs", data / "preference_on_policy.jsonl", data / "on_policy.json", sft, cfg,
+                           resume, log, write)
 
 
 def _probes(cfg: AlignConfig, data: Path) -> list[dict]:
