@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from meshlm.data.jsonl import iter_jsonl
 from meshlm.fileio import atomic_write_text
 from meshlm.safety.synth import warn_closing
 
@@ -96,7 +97,7 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
 def write_self_distilled(data: Path, out: Path, generate: Generate, label: Label, *, limit: int, seed: int,
                          batch_size: int) -> dict:
     """``out``: ``data/sft.jsonl`` with :func:`self_distill`'s targets; returns its counts."""
-    rows = [json.loads(line) for line in (data / "sft.jsonl").read_text().splitlines() if line.strip()]
+    rows = [row for _, row in iter_jsonl(data / "sft.jsonl", "the rows `meshlm align data` wrote")]
     new, counts = self_distill(rows, generate, label, limit=limit, seed=seed, batch_size=batch_size)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new))
     return counts

@@ -174,7 +174,8 @@ class BatchEngine:
         self._thread.join(timeout)
 
     def drain(self, adapter: int, timeout: float | None = None) -> bool:
-        """Wait until no queued or active row uses ``adapter`` (its slot can then be freed); False on timeout."""
+        """Wait until no queued, prefilling or active row uses ``adapter`` (its slot can then be freed); False on
+        timeout."""
         def idle() -> bool:
             return not any(s.adapter == adapter for s in [*self._rows, *self._joining]) and \
                 not any(s.adapter == adapter for rows in self._pending for s in rows)
@@ -195,7 +196,10 @@ class BatchEngine:
                         self._cond.wait()
                     if self._closing and not (self._pending or self._rows):
                         return
-                    self._pending = deque(r for r in self._pending if not all(s.cancelled for s in r))
+                    kept = deque(r for r in self._pending if not all(s.cancelled for s in r))
+                    if len(kept) < len(self._pending):
+                        self._cond.notify_all()  # a drain() waiting on a cancelled request's adapter
+                    self._pending = kept
                     joining = self._joining = self._admissible()
                 try:
                     if joining:
