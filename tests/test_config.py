@@ -2,11 +2,11 @@
 
 import pytest
 
-from meshlm.config.base import describe
 from meshlm.config.loader import apply_overrides, build_config, config_to_toml, load_config, read_toml
 from meshlm.config.schema import SECTIONS
 from meshlm.errors import ConfigError
 from meshlm.models.flavors import FLAVORS, flavor_config
+from meshlm.sections import describe
 
 
 def test_flavor_then_overrides():

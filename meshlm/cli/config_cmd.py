@@ -20,7 +20,7 @@ def register(sub, add_config_args) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from meshlm.config.base import to_dict
+    from meshlm.sections import to_dict
     from meshlm.config.loader import config_to_toml, load_config
 
     cfg = load_config(args.config, args.overrides)
@@ -32,7 +32,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_keys(args: argparse.Namespace) -> int:
-    from meshlm.config.base import describe
+    from meshlm.sections import describe
     from meshlm.config.schema import SECTIONS
 
     rows = [row for name, cls in SECTIONS.items() for row in describe(cls, name)]

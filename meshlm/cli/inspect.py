@@ -34,7 +34,7 @@ def chat_template_info(ckpt: Path) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
-    from meshlm.config.base import to_dict
+    from meshlm.sections import to_dict
 
     model, cfg, state, ckpt = model_from_checkpoint(args.checkpoint)
     info = {

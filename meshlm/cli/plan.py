@@ -63,7 +63,7 @@ def parse_fix(text: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in FIX_KEYS:
-            from meshlm.config.base import did_you_mean
+            from meshlm.sections import did_you_mean
 
             raise ConfigError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIX_KEYS)}"
                               f"{did_you_mean(key, FIX_KEYS)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshlm.config.base import option
+from meshlm.sections import option
 
 
 @dataclass

@@ -14,11 +14,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable
 
-from meshlm.config.base import did_you_mean, dumps_toml, from_dict, to_dict
 from meshlm.config.schema import SECTIONS, JobConfig
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.models.config import CUSTOM_FLAVOR, SHAPE_KEYS, ModelConfig
 from meshlm.models.flavors import flavor_config
+from meshlm.sections import did_you_mean, dumps_toml, from_dict, to_dict
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshlm.config.base import option
 from meshlm.errors import ConfigError
 from meshlm.models.family import DECODER
+from meshlm.sections import option
 
 # The DPO family's loss types, listed once (objectives/losses.py dispatches on them), with the β each defaults to
 DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "hinge": 0.1, "orpo": 0.1, "kto": 0.1}

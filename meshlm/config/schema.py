@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from meshlm.config.base import option
 from meshlm.config.catalog import OBJECTIVES
 from meshlm.config.diagnostics import DiagnosticsConfig
 from meshlm.config.posttrain import LoRAConfig, ObjectiveConfig
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
+from meshlm.sections import option
 
 
 @dataclass

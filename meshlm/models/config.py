@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshlm.config.base import option
 from meshlm.errors import ConfigError
+from meshlm.sections import option
 
 
 # The flavour of a shape given key by key rather than by name: a converted model (see model.source).

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from meshlm.config.base import did_you_mean
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
+from meshlm.sections import did_you_mean
 
 _LLAMA3 = dict(vocab_size=128256, n_kv_heads=8, norm_eps=1e-5, rope_theta=500000.0, rope_scaling="llama3",
                rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,

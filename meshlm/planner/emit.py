@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from meshlm.config.base import dumps_toml
 from meshlm.errors import ConfigError
 from meshlm.planner.layout import Layout, Training
 from meshlm.planner.model_spec import ModelSpec
+from meshlm.sections import dumps_toml
 
 
 def job_sections(spec: ModelSpec, layout: Layout, training: Training, device: str,

@@ -15,8 +15,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from meshlm.config.base import did_you_mean
 from meshlm.errors import ConfigError
+from meshlm.sections import did_you_mean
 
 
 @dataclass(frozen=True, eq=False)  # identity-hashed (the planner caches per-hardware link costs)

@@ -16,9 +16,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshlm.config.base import did_you_mean
 from meshlm.errors import ConfigError
 from meshlm.models.family import DECODER, Shapes
+from meshlm.sections import did_you_mean
 
 
 @dataclass(frozen=True)

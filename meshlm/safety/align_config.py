@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshlm.config.base import did_you_mean, dumps_toml, from_dict, option, to_dict
 from meshlm.config.loader import apply_overrides, read_toml
 from meshlm.errors import ConfigError, UserError
 from meshlm.safety.attacks import names as attack_families
 from meshlm.safety.taxonomy import LABELS, POLICIES, label_pairs
+from meshlm.sections import did_you_mean, dumps_toml, from_dict, option, to_dict
 
 DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "align.toml"
 

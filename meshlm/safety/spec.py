@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshlm.config.base import did_you_mean
 from meshlm.errors import ConfigError
 from meshlm.safety.taxonomy import POLICIES, STANDARD_CATEGORIES  # noqa: F401 (re-exported: spec.POLICIES)
+from meshlm.sections import did_you_mean
 
 DEFAULT_SPEC = Path(__file__).with_name("spec.toml")
 _CATEGORY_KEYS = ("policy", "description", "principles", "seed_prompts", "guidance")

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshlm.config.base import did_you_mean
 from meshlm.config.loader import load_config, read_toml
 from meshlm.config.schema import JobConfig
 from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
+from meshlm.sections import did_you_mean
 from meshlm.train.flops import model_flops_per_token
 
 SWEEP_KEYS = ("base", "set", "kind", "flops", "tokens", "min_steps", "max_tokens", "min_tokens_per_param",

@@ -163,7 +163,7 @@ class Registry:
     def add_checkpoint(self, checkpoint: str | Path, name: str, report: str | Path | None = None) -> ModelVersion:
         """Register a checkpoint (a run directory's newest valid one, or a step folder) as the next NAME:vN."""
         from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint, weights_sha256
-        from meshlm.config.base import to_dict
+        from meshlm.sections import to_dict
 
         check_name(name)
         ckpt = resolve_checkpoint(checkpoint).resolve()  # verifies every file against the manifest
@@ -183,7 +183,7 @@ class Registry:
         from types import SimpleNamespace
 
         from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint, weights_sha256
-        from meshlm.config.base import to_dict
+        from meshlm.sections import to_dict
         from meshlm.models.lora import lora_modules
 
         check_name(name)

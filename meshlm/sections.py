@@ -1,5 +1,9 @@
 """Typed config sections: plain dataclasses validated when loaded.
 
+The lowest room beside errors.py: the job config (meshlm/config/) and the sections kept with what they configure
+(``models.config.ModelConfig``, the safety spec, the scaling spec) all declare their fields with :func:`option`,
+so none of them imports another's room for it.
+
 Each component owns one dataclass. Fields carry a ``doc`` (and optionally ``choices``) in their metadata, so
 ``meshlm config keys`` can list every key with its type, default and meaning. Loading rejects unknown keys with
 a "did you mean" hint and wrong types with the key's full dotted name.
