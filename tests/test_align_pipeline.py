@@ -4,6 +4,7 @@ held-out file, 4-token responses). The full-size pipeline is scripts/bench_align
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -164,3 +165,68 @@ def test_data_eval_group_fraction_reaches_the_split(tmp_path):
     sizes = SynthSizes(refuse=12, warn=10, answer=12)
     few, many = (make_dataset("", tmp_path / str(f), 0, sizes, "", f)["counts"]["eval_prompts"] for f in (0.1, 0.5))
     assert 0 < few < many  # more subjects held out, more evaluation prompts
+
+
+@pytest.mark.parametrize("override, key", [
+    ("sft.lora_rank=-1", "sft.lora_rank = -1"), ("dpo.lora_alpha=0", "dpo.lora_alpha = 0"),
+    ("sft.lora_dropout=1.0", "sft.lora_dropout = 1.0"), ('dpo.lora_targets=["q", "qkv"]', "dpo.lora_targets"),
+    ('sft.lora_targets=[]', "sft.lora_targets"),
+])
+def test_lora_keys_are_checked_with_the_align_key_named(override, key, tmp_path, capfd):
+    from meshlm.cli.main import main
+    from meshlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_align_config(None, ["sft.lora_rank=4", override])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["align", "--set", "sft.lora_rank=4", "--set", override, "--run-dir", str(tmp_path / "r")])
+    err = capfd.readouterr().err
+    assert exit_info.value.code == 2 and key in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_lora_stages_train_adapters_and_merge_them_into_full_checkpoints(tiny_run, tmp_path, capfd):
+    """LoRA SFT and LoRA DPO on the tiny run's data and base: the adapters' runs in sft-lora/ and dpo-lora/, full
+    merged checkpoints in sft/ and dpo/ that on-policy generation, the DPO reference, evaluation and `generate`
+    load alone, with the logits of base + adapters."""
+    import shutil
+
+    import torch
+
+    from meshlm.checkpoint.load import model_from_checkpoint
+    from meshlm.cli.main import main
+    from meshlm.models.lora import LoRALinear
+    from meshlm.safety.pipeline import run_pipeline
+
+    run, _ = tiny_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("sft", "dpo", "preference_on_policy.jsonl",
+                                                             "on_policy.json", "report.*"))
+    lora = ["sft.lora_rank=4", "sft.lora_alpha=8", 'sft.lora_targets=["q", "v", "down"]', "dpo.lora_rank=2",
+            'dpo.lora_targets=["o"]']
+    logs: list[str] = []
+    report = run_pipeline(load_align_config(run / "align.resolved.toml", lora), copy, resume=True, log=logs.append)
+    assert not any(line.startswith("on-policy pairs: reused") for line in logs)  # answered by the LoRA SFT model
+    assert report["lora"]["sft"]["rank"] == 4 and "sft LoRA r=4, alpha 8 on q,v,down" in (copy / "report.md").read_text()
+    assert set(report["models"]) == {"base", "sft", "dpo"}
+    tokens = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        logits = {}
+        for stage in ("sft", "sft-lora", "dpo", "dpo-lora"):
+            model, cfg, state, _ = model_from_checkpoint(copy / stage)
+            adapted = any(isinstance(m, LoRALinear) for m in model.modules())
+            assert adapted == stage.endswith("-lora") == cfg.lora.enabled, stage
+            assert state["step"] == 2
+            logits[stage] = model(tokens)
+    for stage in ("sft", "dpo"):  # merged = base + (alpha / r) B A, up to float rounding
+        torch.testing.assert_close(logits[stage], logits[f"{stage}-lora"], rtol=0, atol=1e-5)
+    assert not torch.allclose(logits["sft"], logits["dpo"])  # the DPO adapters moved the merged SFT model
+    capfd.readouterr()  # the stages' logs
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--checkpoint", str(copy / "dpo"), "--prompt-ids", "1,2,3", "--max-new-tokens", "2",
+              "--greedy", "--json"])
+    assert exit_info.value.code == 0 and json.loads(capfd.readouterr().out)
+
+    logs.clear()
+    run_pipeline(load_align_config(copy / "align.resolved.toml"), copy, resume=True, log=logs.append)
+    assert sum("merged adapters reused" in line for line in logs) == 2

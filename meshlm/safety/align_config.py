@@ -11,12 +11,39 @@ from pathlib import Path
 from typing import Any
 
 from meshlm.config.loader import apply_overrides, read_toml
+from meshlm.config.posttrain import LORA_TARGETS
 from meshlm.errors import ConfigError, UserError
 from meshlm.safety.attacks import names as attack_families
 from meshlm.safety.taxonomy import LABELS, POLICIES, label_pairs
 from meshlm.sections import did_you_mean, dumps_toml, from_dict, option, to_dict
 
 DEFAULT_CONFIG = Path(__file__).parent.parent / "configs" / "align.toml"
+
+# The LoRA keys of a training stage (sft, dpo): the trainer's [lora] section (docs/post-training.md) as
+# lora_rank, lora_alpha, lora_targets, lora_dropout. lora_rank = 0 fine-tunes every weight.
+LORA_RANK_DOC = ("LoRA rank of this stage; 0 trains every weight. With r > 0 adapters train on the stage's start "
+                 "model in STAGE-lora/ and are merged into a full checkpoint in STAGE/, which the later stages, "
+                 "`meshlm generate` and `convert` load (docs/safety.md).")
+
+
+def check_lora(section: str, rank: int, alpha: float, targets: list[str], dropout: float) -> None:
+    """One-line errors naming the align key (the trainer's own would name lora.*)."""
+    if rank < 0:
+        raise ConfigError(f"{section}.lora_rank = {rank}: must be >= 0 (0: full fine-tuning)")
+    if alpha <= 0:
+        raise ConfigError(f"{section}.lora_alpha = {alpha}: must be > 0 (the update is scaled by alpha / rank)")
+    if not 0 <= dropout < 1:
+        raise ConfigError(f"{section}.lora_dropout = {dropout}: must be in [0, 1)")
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    if unknown or (rank > 0 and not targets):
+        raise ConfigError(f"{section}.lora_targets = {targets}: must be a non-empty list of "
+                          f"{', '.join(LORA_TARGETS)}" + (f" ({unknown[0]!r} is not one)" if unknown else ""))
+
+
+def lora_table(section) -> dict[str, Any]:
+    """The trainer's [lora] table of a stage section (rank 0: LoRA off)."""
+    return {"rank": section.lora_rank, "alpha": section.lora_alpha, "targets": list(section.lora_targets),
+            "dropout": section.lora_dropout}
 
 
 @dataclass
@@ -74,6 +101,13 @@ class SFTSection:
                                  choices=("template", "base"))
     answer_rows: int = option(0, "With answer_targets = 'base': at most this many answer and this many warn prompts "
                               "answered by the base (0: all of them); the rest keep their templates.")
+    lora_rank: int = option(0, LORA_RANK_DOC)
+    lora_alpha: float = option(16.0, "LoRA alpha: the adapters' update is scaled by alpha / lora_rank.")
+    lora_targets: list[str] = option(["q", "v"], "Projections given adapters: any of " + ", ".join(LORA_TARGETS) + ".")
+    lora_dropout: float = option(0.0, "Dropout on the adapters' input.")
+
+    def validate(self) -> None:
+        check_lora("sft", self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_dropout)
 
 
 @dataclass
@@ -92,8 +126,13 @@ class DPOSection:
                                           "the DPO data.")
     probe_prompts: int = option(3000, "New phrasings of training refuse subjects (probe framings, half in attack "
                                 "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
+    lora_rank: int = option(0, LORA_RANK_DOC)
+    lora_alpha: float = option(16.0, "LoRA alpha: the adapters' update is scaled by alpha / lora_rank.")
+    lora_targets: list[str] = option(["q", "v"], "Projections given adapters: any of " + ", ".join(LORA_TARGETS) + ".")
+    lora_dropout: float = option(0.0, "Dropout on the adapters' input.")
 
     def validate(self) -> None:
+        check_lora("dpo", self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_dropout)
         pairs = label_pairs()
         for item in self.on_policy_exclude:
             if item not in pairs:

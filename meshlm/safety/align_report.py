@@ -68,8 +68,19 @@ def report_markdown(report: dict[str, Any]) -> str:
     load = ", ".join(f"{x:.2f}" for x in report["load_average"])
     lines += ["## Time", "", f"total {t['total_s']:.0f} s on {report['cpu_count']} CPUs (load average at the end: "
               f"{load}); " + ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k != "total_s"),
-              f"steps: {report['steps']}", ""]
+              f"steps: {report['steps']}" + _fine_tuning(report), ""]
     return "\n".join(lines)
+
+
+def _fine_tuning(report: dict[str, Any]) -> str:
+    """How each training stage trained: every weight, or LoRA adapters (merged into the stage's checkpoint)."""
+    parts = []
+    for stage, lora in (report.get("lora") or {}).items():
+        if stage == "dpo" and not report["steps"].get("dpo"):
+            continue
+        parts.append(f"{stage} every weight" if not lora["rank"] else
+                     f"{stage} LoRA r={lora['rank']}, alpha {lora['alpha']:g} on {','.join(lora['targets'])} (merged)")
+    return "".join(f"; {part}" for part in parts)
 
 
 def plot_report(report: dict[str, Any], out: Path) -> Path:

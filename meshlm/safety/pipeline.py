@@ -5,6 +5,7 @@ RUN_DIR/
   data/                 sft.jsonl, preference.jsonl, eval_prompts.jsonl, labelled_responses.jsonl, manifest.json
   base/                 the pretrained base (a short pretraining on the embedded corpus), unless base.checkpoint
   sft/, dpo/            the trained checkpoints (ordinary meshlm run directories)
+  sft-lora/, dpo-lora/  with sft.lora_rank / dpo.lora_rank > 0: the adapters' runs, merged into sft/, dpo/
   eval/<model>/<set>/   responses.jsonl, report.json, report.md per model (base, sft, dpo) and prompt set
   report.json, report.md, plots/safety.png
 
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 from meshlm.errors import CheckpointError
 from meshlm.fileio import atomic_write_text
-from meshlm.safety.align_config import AlignConfig
+from meshlm.safety.align_config import AlignConfig, lora_table
 
 Log = Callable[[str], None]
 MODELS = ("base", "sft", "dpo")
@@ -65,6 +66,24 @@ def _train(raw: dict[str, Any], run_dir: Path, resume: bool, log: Log) -> Path:
     init_run_dir(run_dir, config_to_toml(cfg), resume=resume)
     Trainer(cfg, run_dir, resume=resume, callbacks=run_callbacks(cfg)).train()
     plot_loss(run_dir)
+    return run_dir
+
+
+def _train_stage(raw: dict[str, Any], lora: dict[str, Any], run_dir: Path, resume: bool, log: Log) -> Path:
+    """A training stage (SFT, DPO) into ``run_dir``: every weight trained, or with ``lora["rank"] > 0`` adapters
+    trained in ``run_dir``-lora/ on the stage's start model (its ``checkpoint.init_from``) and merged into a full
+    checkpoint in ``run_dir``, so the next stage, its frozen reference and every evaluation load one plain model."""
+    if not lora["rank"]:
+        return _train(raw, run_dir, resume, log)
+    from meshlm.train.lora_merge import merge_lora_checkpoint, merged_is_current
+
+    adapters = _train({**raw, "lora": lora}, run_dir.with_name(f"{run_dir.name}-lora"), resume, log)
+    if resume and merged_is_current(adapters, run_dir):
+        log(f"{run_dir.name}: merged adapters reused ({run_dir})")
+        return run_dir
+    start = time.perf_counter()
+    merged = merge_lora_checkpoint(adapters, run_dir)
+    log(f"{run_dir.name}: LoRA adapters of {adapters} merged into {merged} in {time.perf_counter() - start:.0f} s")
     return run_dir
 
 
@@ -117,7 +136,7 @@ def train_sft(cfg: AlignConfig, rows: Path, init_from: Path, run_dir: Path, resu
            "training": {"objective": "sft", "steps": s.steps, "batch_size": s.batch_size, "eval_interval": 0},
            "objective": {"packing": True, "eval_fraction": 0.02}, "checkpoint": {**_common(cfg)["checkpoint"],
            "init_from": str(init_from)}}  # fmt: skip
-    return _train(raw, run_dir, resume, log)
+    return _train_stage(raw, lora_table(s), run_dir, resume, log)
 
 
 def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: Log) -> Path:
@@ -162,7 +181,7 @@ def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resu
            "training": {"objective": "dpo", "steps": d.steps, "batch_size": d.batch_size, "eval_interval": 0},
            "objective": {"loss_type": d.loss_type, "beta": d.beta, "reference": "model", "eval_fraction": 0.02},
            "checkpoint": {**_common(cfg)["checkpoint"], "init_from": str(init_from)}}  # fmt: skip
-    return _train(raw, run_dir, resume, log)
+    return _train_stage(raw, lora_table(d), run_dir, resume, log)
 
 
 def evaluation_sets(cfg: AlignConfig, data: Path) -> dict[str, list[dict]]:
@@ -315,6 +334,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
               "timings": timings, "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
               "steps": {"base": 0 if cfg.base.checkpoint else cfg.base.steps, "sft": cfg.sft.steps,
                         "dpo": cfg.dpo.steps if cfg.dpo.enabled else 0},
+              "lora": {"sft": lora_table(cfg.sft), "dpo": lora_table(cfg.dpo)},
               "sets": {k: len(v) for k, v in sets.items()}, "models": reports,
               "gates": reports[final]["heldout"]["gates"], "passed": reports[final]["heldout"]["passed"]}
     if cfg.dpo.enabled:
