@@ -12,6 +12,7 @@ OBJECTIVES: dict[str, str] = {
     "pretrain": "meshlm.objectives.pretrain:NextTokenObjective",
     "sft": "meshlm.objectives.sft:SFTObjective",
     "reward": "meshlm.objectives.reward:RewardObjective",
+    "classify": "meshlm.objectives.classify:ClassifyObjective",
     "dpo": "meshlm.objectives.preference:PreferenceObjective",  # its loss_type "kto" is KTOObjective
     "ppo": "meshlm.objectives.rl:PPOObjective",
     "grpo": "meshlm.objectives.rl:GRPOObjective",

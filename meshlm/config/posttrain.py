@@ -40,6 +40,11 @@ class ObjectiveConfig:
     packing: bool = option(True, "SFT: pack several rows per sequence (no cross-row attention); false pads one "
                                  "row per sequence.")
     eval_fraction: float = option(0.1, "Fraction of the JSONL rows held out for evaluation (the last rows).")
+    # classify (objectives/classify.py)
+    classes: list[str] = option([], "Classify: the class names, in the head's order; each labelled row's label is "
+                                    "one of them (e.g. [\"refuse\", \"warn\", \"answer\"]).")
+    prompt_tokens: int = option(32, "Classify: a long input keeps at least this many tokens of the prompt's end "
+                                    "(the rest of data.seq_len goes to the response's start and end).")
     # PPO / GRPO (objectives/rl.py)
     reward_fn: str = option("", "PPO/GRPO: a Python reward function 'module:function' called with (prompts, "
                                 "responses, extras) -> one float per response, e.g. "
@@ -75,6 +80,9 @@ class ObjectiveConfig:
             raise ConfigError(f"objective.reward_center_coef must be >= 0, got {self.reward_center_coef}")
         if not 0 <= self.eval_fraction < 1:
             raise ConfigError(f"objective.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if len(set(self.classes)) != len(self.classes) or self.prompt_tokens < 1:
+            raise ConfigError(f"objective.classes must be distinct names and objective.prompt_tokens >= 1; got "
+                              f"{self.classes}, {self.prompt_tokens}")
         self._validate_rl()
 
     def _validate_rl(self) -> None:

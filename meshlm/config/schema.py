@@ -71,8 +71,9 @@ class TrainingConfig:
                                       "batch (no accumulation). batch_size / (micro_batch_size * data-parallel "
                                       "ranks) micro-steps are accumulated.")
     objective: str = option("pretrain", "Training objective: pretrain (next-token), sft (assistant-only loss on "
-                                        "JSONL chats), reward (Bradley-Terry reward model), dpo (DPO family, see "
-                                        "[objective]), ppo / grpo (RL from generated rollouts, see [objective]).",
+                                        "JSONL chats), reward (Bradley-Terry reward model), classify (a class head "
+                                        "on labelled rows), dpo (DPO family, see [objective]), ppo / grpo (RL "
+                                        "from generated rollouts, see [objective]).",
                             choices=OBJECTIVES)  # the catalog itself: an objective registered later counts
     precision: str = option("fp32", "fp32; bf16 autocast; fp16 autocast with dynamic loss scaling.",
                             choices=("fp32", "bf16", "fp16"))

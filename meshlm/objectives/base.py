@@ -33,7 +33,7 @@ class Objective:
 
     name: ClassVar[str] = ""  # the training.objective value it answers to
     # What the trainer feeds it: "tokens" (prepared shards) or a kind of JSONL rows (meshlm/data/posttrain/rows.py
-    # DATA_KINDS: "sft", "preference", "unpaired", "prompt"), read by meshlm/train/data_setup.py
+    # DATA_KINDS: "sft", "preference", "unpaired", "prompt", "labelled"), read by meshlm/train/data_setup.py
     data_kind: ClassVar[str] = "tokens"
     # The [objective] keys it reads (documentation, and a test that every key has a reader)
     config_keys: ClassVar[tuple[str, ...]] = ()

@@ -32,6 +32,7 @@ from meshlm.data.posttrain import (
     pad_id_for,
     read_rows,
 )
+from meshlm.data.posttrain.labelled import LabelledLoader, encode_labelled
 from meshlm.data.synthetic import ensure_synthetic
 from meshlm.errors import ConfigError, DataError
 from meshlm.tokenizer import MeshTokenizer, tokenizer_files
@@ -75,6 +76,9 @@ def data_path(cfg: JobConfig, data_kind: str) -> Path:
         if not path.exists():
             raise DataError(f"data.path {path} does not exist; name a JSONL file or a folder of them")
         return path
+    if data_kind not in SYNTHETIC_KIND:
+        raise DataError(f"training.objective {cfg.training.objective!r} has no synthetic default data; set "
+                        f"data.path to a JSONL file of {data_kind} rows")
     cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir()
     return ensure_synthetic(SYNTHETIC_KIND[data_kind], cache, seed=cfg.training.seed)
 
@@ -101,7 +105,8 @@ def split_rows(rows: list, fraction: float, need_eval: bool) -> tuple[list, list
 
 def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: int,
                         micro_batch: int) -> PostTrainData:
-    """Tokenizer, encoded rows and loaders for ``data_kind`` (the objective's: sft, preference, unpaired, prompt)."""
+    """Tokenizer, encoded rows and loaders for ``data_kind`` (the objective's: sft, preference, unpaired, prompt,
+    labelled)."""
     tokenizer, tok_dir = load_tokenizer(cfg)
     path = data_path(cfg, data_kind)
     rows = read_rows(path, objective=cfg.training.objective, data_kind=data_kind)
@@ -125,6 +130,11 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
             prompts, stats = encode_prompts(subset, encoder, budget)
             return PromptLoader(prompts, batch, extras=[r.extra for r in subset], max_prompt_tokens=budget,
                                 dp_rank=dp_rank, dp_size=dp_size, **kw), stats
+    elif data_kind == "labelled":
+        def loader(subset, batch, offset=0, **kw):
+            examples, stats = encode_labelled(subset, tokenizer, cfg.objective.classes, seq_len,
+                                              cfg.objective.prompt_tokens)
+            return LabelledLoader(examples, seq_len, batch, **common, **kw), stats
     else:
         raise DataError(f"training.objective {cfg.training.objective!r} reads {data_kind!r} data, which "
                         "meshlm train does not load yet")

@@ -9,6 +9,8 @@ Row kinds (see docs/post-training.md):
   (true) or undesirable (false) completion, TRL's unpaired preference format)
 - ``prompt``: ``{"prompt": str|messages, ...}``; the other fields are kept in ``Row.extra`` (a reward function
   may read them).
+- ``labelled``: ``{"prompt": str, "response": str, "label": str}`` (a classifier's example: the class name of a
+  (prompt, response) pair; without ``response``, of the prompt alone). Either text may be empty.
 
 A field that is missing, empty or of the wrong type, an unknown role, or a row whose kind the objective cannot
 use raises :class:`DataError` naming the file, the line and the field.
@@ -37,9 +39,10 @@ DATA_KINDS: dict[str, tuple[str, ...]] = {
     "preference": ("preference",),
     "unpaired": ("unpaired", "preference"),  # KTO; a preference row gives two items
     "prompt": ("prompt",),
+    "labelled": ("labelled",),  # a classifier's examples (objectives/classify.py)
 }
 _KIND_HELP = ('{"messages": [...]}, {"prompt", "completion"}, {"prompt", "chosen", "rejected"}, {"prompt", '
-              '"completion", "label"} or {"prompt"} (prompts only)')
+              '"completion", "label"}, {"prompt", "response", "label"} or {"prompt"} (prompts only)')
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,11 @@ class Row:
     where: str  # "file:line"
     messages: list[Message] | None = None
     prompt: Text | None = None
-    completion: Text | None = None  # a string, or assistant messages for an unpaired row
+    completion: Text | None = None  # a string, or assistant messages for an unpaired row; a labelled row's response
     chosen: Text | None = None
     rejected: Text | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    label: bool | None = None  # unpaired rows: desirable (True) or undesirable (False)
+    label: bool | str | None = None  # unpaired rows: desirable (True) or not (False); labelled rows: the class
 
 
 def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike], objective: str | None = None,
@@ -151,6 +154,8 @@ def parse_row(record: dict[str, Any], where: str) -> Row:
         return Row("unpaired", where, prompt=_text(record["prompt"], where, "prompt"),
                    completion=_text(record["completion"], where, "completion", assistant=True),
                    label=record["label"])
+    if "label" in record and ("response" in record or isinstance(record["label"], str)):
+        return _labelled(record, where)
     if "prompt" in record and "completion" in record:
         return Row("prompt_completion", where, prompt=_string(record["prompt"], where, "prompt"),
                    completion=_string(record["completion"], where, "completion"))
@@ -159,6 +164,20 @@ def parse_row(record: dict[str, Any], where: str) -> Row:
         return Row("prompt", where, prompt=_text(record["prompt"], where, "prompt"), extra=extra)
     keys = ", ".join(sorted(record)) or "none"
     raise DataError(f"{where}: unrecognised row (keys: {keys}); a row is one of {_KIND_HELP}")
+
+
+def _labelled(record: dict[str, Any], where: str) -> Row:
+    """A classifier's example; its texts may be empty (an empty response is something to classify)."""
+    label = record["label"]
+    if not isinstance(label, str) or not label.strip():
+        raise DataError(f"{where}: field 'label' is {label!r}; a labelled row's label is a class name (a string)")
+    texts = {}
+    for key in ("prompt", "response"):
+        value = record.get(key, "" if key == "prompt" else None)
+        if value is not None and not (isinstance(value, str) and has_utf8_form(value)):
+            raise DataError(f"{where}: field {key!r} of a labelled row must be a string (with a UTF-8 form)")
+        texts[key] = value
+    return Row("labelled", where, prompt=texts["prompt"], completion=texts["response"], label=label)
 
 
 def _string(value: Any, where: str, name: str) -> str:
