@@ -18,3 +18,23 @@ def meshlm(*args: str, check: bool = True, timeout: int = 600) -> subprocess.Com
         detail = proc.stderr[fatal:fatal + 6000] if fatal >= 0 else proc.stderr[-3000:]
         raise AssertionError(f"meshlm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{detail}")
     return proc
+
+
+def once_per_session(tmp_path_factory, name: str, produce) -> dict:
+    """``produce(folder) -> JSON-able dict``, computed once per test session however many pytest-xdist workers
+    ask: the first to ask computes it in a folder all workers share while the others wait on a lock, then read
+    the result. For expensive module fixtures whose tests xdist may spread over both workers (a module-scoped
+    fixture alone would then run once per worker)."""
+    import json
+
+    from filelock import FileLock  # a dependency of torch
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: the session's folder
+    result = shared / f"shared-{name}.json"
+    with FileLock(str(shared / f"shared-{name}.lock")):
+        if not result.exists():  # (a worker whose produce() raised left none: the next one tries afresh)
+            folder = shared / f"shared-{name}" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+            folder.mkdir(parents=True)
+            result.write_text(json.dumps(produce(folder)))
+    return json.loads(result.read_text())

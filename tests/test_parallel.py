@@ -1,5 +1,7 @@
 """The distributed engine on gloo/CPU: every layout trains like a single device, resumes across layouts, and
-survives a killed rank. Multi-process through the CLI (torchrun's elastic agent), as users run it."""
+survives a killed rank. Multi-process through the CLI (torchrun's elastic agent), as users run it; the parity
+matrix runs its cases of one world size in one launch of that agent (tests/parity_batch.py), each case
+checked as `meshlm diagnose parity` checks it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import pytest
 from meshlm.config.loader import load_config
 from meshlm.distributed.parallel_dims import ParallelDims
 from meshlm.errors import ConfigError
-from helpers import meshlm
+from helpers import meshlm, once_per_session
+from parity_batch import Case, run_cases
 
 CFG = "configs/debug.toml"
 QUIET = ["--set", "metrics.tensorboard=false", "--set", "metrics.progress=plain"]
@@ -53,13 +56,29 @@ LAYOUTS = {
 }
 
 
+def parity_reports(tmp_path_factory, name: str, cases: dict[str, Case]) -> dict[str, dict]:
+    """What `meshlm diagnose parity --json` reports for each case, all cases of one world size in one launch
+    (tests/parity_batch.py), once per session."""
+    return once_per_session(tmp_path_factory, name, lambda work: run_cases(cases, work))
+
+
+def parity_case(nproc: int, args: list[str], steps: int, **tolerances) -> Case:
+    """`meshlm diagnose parity CFG --nproc NPROC --steps STEPS ARGS` (ARGS: --set pairs)."""
+    assert args[::2] == ["--set"] * (len(args) // 2)
+    return Case(nproc, args[1::2], steps, CFG, **tolerances)
+
+
+@pytest.fixture(scope="module")
+def layout_reports(debug_dataset, tmp_path_factory) -> dict[str, dict]:
+    return parity_reports(tmp_path_factory, "parallel-layouts",
+                          {name: parity_case(nproc, args, 4) for name, (nproc, args) in LAYOUTS.items()})
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_matches_single_device(name, debug_dataset):
+def test_layout_matches_single_device(name, layout_reports):
     """Per-step loss and grad norm of the layout vs a single device on the same seed and data (fp32).
     Tolerance: meshlm.distributed.parity (loss 1e-4, grad norm 1e-3 relative; measured ~1e-7 / ~1e-5)."""
-    nproc, args = LAYOUTS[name]
-    out = meshlm("diagnose", "parity", CFG, "--nproc", str(nproc), "--steps", "4", *args, "--json")
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = layout_reports[name]
     assert report["ok"], report
     assert [r["step"] for r in report["steps"]] == [1, 2, 3, 4]
     assert report["max_loss_rel_diff"] < 1e-5  # far inside the documented bound: a real regression shows
@@ -72,16 +91,25 @@ LOW_PRECISION = {
 }
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+PRECISIONS = ["bf16", "fp16"]
+
+
+@pytest.fixture(scope="module")
+def low_precision_reports(debug_dataset, tmp_path_factory) -> dict[str, dict]:
+    return parity_reports(tmp_path_factory, "parallel-low-precision", {
+        f"{layout}-{precision}": parity_case(2, [*args, *sets(training__precision=precision)], 2,
+                                             loss_rtol=1e-2, grad_norm_rtol=5e-2)
+        for layout, args in LOW_PRECISION.items() for precision in PRECISIONS})
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("layout", list(LOW_PRECISION))
-def test_low_precision_tracks_the_single_device_run_of_that_precision(layout, precision, debug_dataset):
+def test_low_precision_tracks_the_single_device_run_of_that_precision(layout, precision, low_precision_reports):
     """Mixed precision (FSDP2: low-precision all-gathered params, fp32 reduce; TP/PP: autocast on each rank; fp32
     master weights everywhere; fp16 with the dynamic loss scaler) against the single-device run of the same
     precision: equal to that precision's rounding, the documented low-precision bound (1e-2 relative loss,
     5e-2 grad norm). 2 steps: the second step's loss already carries the first update in that precision."""
-    out = meshlm("diagnose", "parity", CFG, "--nproc", "2", "--steps", "2", *LOW_PRECISION[layout],
-                 *sets(training__precision=precision), "--loss-rtol", "1e-2", "--grad-norm-rtol", "5e-2", "--json")
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = low_precision_reports[f"{layout}-{precision}"]
     assert report["ok"], report
     assert [r["step"] for r in report["steps"]] == [1, 2]
 
@@ -93,13 +121,17 @@ COMPILED = {
 }
 
 
+@pytest.fixture(scope="module")
+def compiled_reports(debug_dataset, tmp_path_factory) -> dict[str, dict]:
+    return parity_reports(tmp_path_factory, "parallel-compiled", {
+        layout: parity_case(2, [*args, *sets(training__compile="true")], 2) for layout, args in COMPILED.items()})
+
+
 @pytest.mark.parametrize("layout", list(COMPILED))
-def test_compiled_blocks_match_the_single_device_compiled_run(layout, debug_dataset):
+def test_compiled_blocks_match_the_single_device_compiled_run(layout, compiled_reports):
     """training.compile=true (per-block torch.compile, applied after TP and before FSDP) against a compiled
     single device; 2 steps because inductor's CPU compile takes most of a minute here. fp32 tolerance."""
-    out = meshlm("diagnose", "parity", CFG, "--nproc", "2", "--steps", "2", *COMPILED[layout],
-                 *sets(training__compile="true"), "--json")
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = compiled_reports[layout]
     assert report["ok"], report
     assert [r["step"] for r in report["steps"]] == [1, 2]
 
@@ -219,10 +251,17 @@ def test_killed_rank_restarts_and_matches(debug_dataset, tmp_path):
     assert killed is not None, "the run finished before a rank could be killed"
     assert launcher.returncode == 0, err[-3000:]
     assert "resumed from" in out + err
-    final = json.loads(meshlm("inspect", str(run), "--json").stdout)
-    reference = json.loads(meshlm("inspect", str(clean), "--json").stdout)
+    final, reference = _inspect(run), _inspect(clean)
     assert final["step"] == reference["step"] == 30
     assert final["weights_sha256"] == reference["weights_sha256"]
+
+
+def _inspect(run: Path) -> dict:
+    """The step and weights_sha256 that `meshlm inspect RUN --json` reports (the same calls, in this process)."""
+    from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
+
+    model, _, state, _ = model_from_checkpoint(run)
+    return {"step": state["step"], "weights_sha256": weights_sha256(model)}
 
 
 def test_dead_rank_without_restarts_is_reported(debug_dataset, tmp_path):

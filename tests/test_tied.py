@@ -7,7 +7,6 @@ keeps a copy on each end stage and sums their gradients (meshlm/distributed/pipe
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -16,7 +15,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from meshlm.checkpoint.load import model_from_checkpoint
 from meshlm.models import build_model
-from helpers import meshlm
+from helpers import meshlm, once_per_session
+from parity_batch import Case, run_cases
 
 CFG = "configs/debug.toml"
 TIED = ["--set", "model.tie_embeddings=true"]
@@ -39,14 +39,20 @@ TIED_LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def tied_reports(debug_dataset, tmp_path_factory) -> dict[str, dict]:
+    """`meshlm diagnose parity CFG --nproc N --steps 4 TIED ARGS --json` of every layout, one launch per world
+    size (tests/parity_batch.py), once per session."""
+    cases = {name: Case(nproc, [*TIED, *args][1::2], 4, CFG) for name, (nproc, args) in TIED_LAYOUTS.items()}
+    return once_per_session(tmp_path_factory, "tied-layouts", lambda work: run_cases(cases, work))
+
+
 @pytest.mark.parametrize("name", list(TIED_LAYOUTS))
-def test_tied_layout_matches_single_device(name, debug_dataset):
+def test_tied_layout_matches_single_device(name, tied_reports):
     """Per-step loss and grad norm of a tied model vs the tied single device (fp32, parity tolerances). An untied
     head (two matrices) or a tied gradient counted once per stage would drift from the reference from step 2 on,
     and a norm counting the pipelined copy twice would differ at step 1."""
-    nproc, args = TIED_LAYOUTS[name]
-    out = meshlm("diagnose", "parity", CFG, "--nproc", str(nproc), "--steps", "4", *TIED, *args, "--json")
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = tied_reports[name]
     assert report["ok"], report
     assert [r["step"] for r in report["steps"]] == [1, 2, 3, 4]
     assert report["max_loss_rel_diff"] < 1e-5

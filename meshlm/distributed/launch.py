@@ -86,9 +86,10 @@ def rank_environment(cpu: bool) -> dict[str, str]:
 
 
 def launch_local(nproc: int, max_restarts: int, worker_args: list[str], timeout_s: int,
-                 cpu: bool | None = None) -> None:
+                 cpu: bool | None = None, entry: tuple[str, ...] = ("-m", "meshlm")) -> None:
     """Run ``python -m meshlm <worker_args>`` on ``nproc`` local ranks under the elastic agent. ``cpu``: whether
-    the ranks compute on CPU (default: when this host has no CUDA device)."""
+    the ranks compute on CPU (default: when this host has no CUDA device). ``entry``: what ``python`` runs instead
+    of ``-m meshlm`` (the test suite's batched parity worker, tests/parity_batch.py)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -99,7 +100,7 @@ def launch_local(nproc: int, max_restarts: int, worker_args: list[str], timeout_
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": timeout_s},
         max_restarts=max_restarts, monitor_interval=0.2, start_method="spawn")
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "meshlm", *worker_args)
+        elastic_launch(config, entrypoint=sys.executable)(*entry, *worker_args)
     except ChildFailedError as exc:
         error = LaunchError(describe_failures(exc, max_restarts))
         if all(f.exitcode == 2 for f in exc.failures.values()):
