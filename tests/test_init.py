@@ -1,4 +1,4 @@
-"""Layout-independent initialisation (meshlm/distributed/init.py): every layout materialises exactly the values
+"""Layout-independent initialisation (meshlm/models/init.py): every layout materialises exactly the values
 the single-device model starts from, and a tied head stays one parameter under tensor parallelism."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from meshlm.config.loader import load_config
-from meshlm.distributed.init import materialize
 from meshlm.distributed.pipeline import split_model
 from meshlm.models import build_model, flavor_config, meta_model
+from meshlm.models.init import materialize
 
 
 def test_init_depends_on_seed_and_name_only():

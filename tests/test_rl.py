@@ -50,7 +50,7 @@ def test_reward_functions_and_their_errors():
 def test_value_head_leaves_the_logits_unchanged_and_starts_at_zero():
     cfg = flavor_config("debug")
     plain = build_model(cfg, "cpu", seed=3)
-    from meshlm.distributed.init import materialize
+    from meshlm.models.init import materialize
 
     model = meta_model(cfg)
     PPOObjective().adapt_model(model)
@@ -150,7 +150,7 @@ def test_bad_reward_fn_is_a_user_error(tmp_path):
 def test_reward_model_scores_each_response_at_its_last_token(tmp_path):
     """GRPO scored by a `reward` run: the rollout's mean reward equals the reward model run on each sequence
     alone (unpadded prompt + response, score at its last token) — the left padding and the last-token index."""
-    from meshlm.train.model_setup import rebuild_on_device, source_config
+    from meshlm.checkpoint.load import rebuild_on_device, source_config
 
     reward_cfg = load_config(ROOT / "configs" / "reward.toml", ["training.steps=2", "training.eval_interval=0",
                                                                   "checkpoint.interval=2", "metrics.tensorboard=false",

@@ -1,4 +1,10 @@
-"""Loading a checkpoint for inference and inspection (model only, on one device)."""
+"""Loading a checkpoint's model: on one device for inference and inspection, or its weights into parts built
+from its config (a frozen reference, a LoRA run's base).
+
+A checkpoint's model is built as its run built it (meshlm/models/build.py: the meta model, its objective's change,
+LoRA), then materialised and loaded; a LoRA checkpoint holds only its adapters, and its base is
+``checkpoint.init_from`` of its config.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from meshlm.checkpoint.manager import find_latest_valid, read_train_state, verify_checkpoint
+from meshlm.checkpoint.manager import find_latest_valid, load_weights, read_train_state, verify_checkpoint
 from meshlm.config.loader import load_config
 from meshlm.config.schema import JobConfig
 from meshlm.errors import CheckpointError
+from meshlm.models.build import adapt_meta_model, meta_model
+from meshlm.models.init import canonical_name, materialize
+from meshlm.objectives import build_objective
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -49,8 +58,6 @@ def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu", 
     """(model in eval mode, the job config it was trained with, its train state, the checkpoint folder). A LoRA
     checkpoint comes back with its base (``checkpoint.init_from`` of its config) and its adapters, unmerged.
     ``generates=True``: refuse a model without a vocabulary head (a reward model's score head cannot generate)."""
-    from meshlm.train.model_setup import rebuild_on_device
-
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt / "config.toml")
     # Post-training checkpoints rebuild what their objective and LoRA changed (a score head; base + adapters).
@@ -60,3 +67,43 @@ def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu", 
                               f"output(s), not a vocabulary head (a reward model's score head): it scores sequences "
                               "and cannot generate; pass a policy checkpoint")
     return model, cfg, read_train_state(ckpt), ckpt
+
+
+def source_config(checkpoint: str | Path) -> tuple[Path, JobConfig]:
+    """(the checkpoint folder, the job config it was trained with)."""
+    path = resolve_checkpoint(checkpoint)
+    return path, load_config(path / "config.toml")
+
+
+@torch.no_grad()
+def rebuild_on_device(path: Path, cfg: JobConfig, device: torch.device | str) -> nn.Module:
+    """The model of a checkpoint on one device (generate, convert, inspect): adapted as its objective says, with
+    base + adapters for a LoRA checkpoint."""
+    model = meta_model(cfg.model)
+    adapt_meta_model(model, build_objective(cfg.training.objective, cfg.objective), cfg.lora)
+    materialize(model, device, cfg.training.seed)
+    load_checkpoint_weights(path, cfg, [model])
+    return model.eval()
+
+
+def load_checkpoint_weights(path: Path, cfg: JobConfig, parts: list[nn.Module]) -> None:
+    """A checkpoint's weights into ``parts`` built from its ``cfg``: base + adapters for a LoRA checkpoint."""
+    if cfg.lora.enabled:
+        load_lora_base(cfg, parts)
+        load_weights(path, parts, trainable_only=True)  # the adapters (and any new head)
+    else:
+        load_weights(path, parts)
+
+
+def load_lora_base(cfg: JobConfig, parts: list[nn.Module]) -> Path:
+    """Load the frozen base weights of a LoRA model from ``checkpoint.init_from``; returns the folder."""
+    path = resolve_checkpoint(cfg.checkpoint.init_from)
+    frozen = param_keys(parts, trainable=False)
+    load_weights(path, parts, keep=frozen.__contains__)
+    return path
+
+
+def param_keys(parts: list[nn.Module], trainable: bool) -> set[str]:
+    """State-dict keys of the (non-)trainable parameters of ``parts`` (wrapper prefixes removed)."""
+    return {canonical_name(name).removeprefix("module.") for part in parts
+            for name, p in part.named_parameters() if p.requires_grad == trainable}

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from meshlm.errors import CheckpointError
 from meshlm.fileio import atomic_write_text, sha256_file
+from meshlm.models.init import canonical_name
 
 # Single-process runs save/load without a process group on purpose; DCP warns about that on every call.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -230,8 +231,6 @@ _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 def tied_aliases(part: nn.Module) -> dict[str, str]:
     """State-dict key of every second name of a shared parameter -> the key of its first name (a tied output
     head: ``output.weight`` -> ``tok_embeddings.weight``). Checkpoints store such a tensor once, under the first."""
-    from meshlm.distributed.init import canonical_name
-
     first: dict[int, str] = {}
     aliases = {}
     for name, param in part.named_parameters(remove_duplicate=False):

@@ -1,7 +1,7 @@
 """The engine: owns the mesh and applies parallelism to a model built on the meta device, from outside, in this
 order: pipeline split → per stage: tensor parallel (+ sequence / loss parallel) → activation checkpointing →
 compile (full checkpointing under TP: compile, then checkpoint; see ``_checkpoint_outside_compile``) → FSDP2 /
-HSDP; then it materialises only this rank's shards (meshlm/distributed/init.py) and, for plain data
+HSDP; then it materialises only this rank's shards (meshlm/models/init.py) and, for plain data
 parallelism, wraps the model in DDP. It also provides the reductions the trainer needs across data-parallel
 ranks and pipeline stages. With every degree 1 (single device) each step is a no-op and there is no process
 group.
@@ -22,10 +22,10 @@ from torch.distributed.tensor import DTensor, Replicate
 from meshlm.config.schema import ParallelConfig, TrainingConfig
 from meshlm.distributed.activation_checkpoint import apply_activation_checkpointing
 from meshlm.distributed.data_parallel import apply_ddp, apply_fsdp, set_grad_sync
-from meshlm.distributed.init import materialize
 from meshlm.distributed.parallel_dims import ParallelDims
 from meshlm.distributed.pipeline import TiedEmbeddings, build_schedule, split_model, stage_ids
 from meshlm.distributed.tensor_parallel import apply_tensor_parallel, loss_context
+from meshlm.models.init import materialize
 
 
 def to_float(value: torch.Tensor | float) -> float:

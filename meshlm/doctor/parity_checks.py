@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from meshlm.data import SequenceLoader
-from meshlm.distributed.init import canonical_name
 from meshlm.fileio import atomic_write_text
+from meshlm.models.init import canonical_name
 from meshlm.planner.measure import mesh_coords
 from meshlm.train.callbacks import TrainerCallback, TrainerView
 

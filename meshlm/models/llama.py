@@ -5,7 +5,7 @@ One class covers Llama 2/3/3.1, Mistral, Qwen2 (``qkv_bias``) and Qwen3 (``qk_no
 environment reads: tensor, pipeline and data parallelism are applied from outside, keyed by the module names
 below (``wq wk wv wo``, ``w1 w2 w3``, ``layers.<i>``, ``tok_embeddings``, ``norm``, ``output``), which are
 also the names HF conversion maps. Build on the meta device; :meth:`Transformer.param_init` declares how each
-parameter starts and meshlm/distributed/init.py materialises it (whole, or only a rank's shard).
+parameter starts and meshlm/models/init.py materialises it (whole, or only a rank's shard).
 
 Shape letters: B batch, T new tokens, S attended (cached + new) tokens, D model dim, H heads, Hkv kv heads,
 Dh head dim, V vocabulary.

@@ -80,7 +80,7 @@ class LoRALinear(nn.Linear):
 
     def param_init_local(self, local_name: str, full_name: str):
         """Initialisation rules of the adapters when the model is materialised from the meta device
-        (meshlm/distributed/init.py): A ~ U(±1/sqrt(in)) drawn from (seed, full name), B = 0. None for the base
+        (meshlm/models/init.py): A ~ U(±1/sqrt(in)) drawn from (seed, full name), B = 0. None for the base
         weight, which follows the model's own rule (and is then loaded from the base checkpoint)."""
         from meshlm.models.llama import ParamInit
 

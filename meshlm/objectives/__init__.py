@@ -4,9 +4,7 @@ catalog (meshlm/config/catalog.py, one line per objective)."""
 
 from __future__ import annotations
 
-import importlib
-
-from meshlm.config.catalog import OBJECTIVES
+from meshlm.config.catalog import OBJECTIVES, import_objective
 from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.errors import ConfigError
 from meshlm.objectives.base import Objective, ObjectiveContext
@@ -20,11 +18,8 @@ from meshlm.objectives.sft import SFTObjective
 
 def objective_class(name: str) -> type[Objective]:
     """The class registered as ``name`` (imported on first use)."""
-    if name not in OBJECTIVES:
-        raise ConfigError(f"training.objective {name!r} is not one of {', '.join(OBJECTIVES)}")
-    module, _, attr = OBJECTIVES[name].partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+    cls = import_objective(name)
+    if not issubclass(cls, Objective):
         raise ConfigError(f"training.objective {name!r}: {OBJECTIVES[name]} is not an Objective subclass")
     return cls
 

@@ -32,20 +32,20 @@ def random_adapter(base: str | Path, root: str | Path, seed: int, rank: int = 4,
     (normal, ``scale``), not zero as after initialisation, so the adapter changes the model's output."""
     import torch
 
-    from meshlm.checkpoint.load import resolve_checkpoint
+    from meshlm.checkpoint.load import load_lora_base, resolve_checkpoint
     from meshlm.checkpoint.manager import CheckpointManager
     from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.distributed.init import materialize
+    from meshlm.models.build import adapt_meta_model, meta_model
+    from meshlm.models.init import materialize
     from meshlm.models.lora import lora_modules
     from meshlm.objectives import build_objective
-    from meshlm.train.model_setup import adapt_meta_model, load_lora_base, meta_model
 
     base = resolve_checkpoint(base)
     cfg = load_config(base / "config.toml", ["training.objective=sft", f"checkpoint.init_from={base}",
                                              f"lora.rank={rank}", f"lora.alpha={alpha}",
                                              f"lora.targets={','.join(targets)}", f"training.seed={seed}"])
     model = meta_model(cfg.model)
-    adapt_meta_model(model, build_objective(cfg.training.objective, cfg.objective), cfg)
+    adapt_meta_model(model, build_objective(cfg.training.objective, cfg.objective), cfg.lora)
     materialize(model, "cpu", seed)
     load_lora_base(cfg, [model])
     generator = torch.Generator().manual_seed(seed)

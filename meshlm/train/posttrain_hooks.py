@@ -16,10 +16,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from meshlm.checkpoint.load import load_lora_base
 from meshlm.config.schema import JobConfig
+from meshlm.models.build import adapt_meta_model
 from meshlm.objectives.base import Objective, ObjectiveContext
 from meshlm.train.data_setup import PostTrainData, open_posttrain_data
-from meshlm.train.model_setup import adapt_meta_model, build_frozen, load_lora_base
+from meshlm.train.model_setup import build_frozen
 from meshlm.train.precision import autocast
 
 
@@ -33,7 +35,7 @@ class ObjectiveHooks:
         self.lora_base: str | None = None
 
     def adapt_meta_model(self, model: nn.Module) -> None:
-        adapt_meta_model(model, self.objective, self.cfg)
+        adapt_meta_model(model, self.objective, self.cfg.lora)
 
     def before_weights(self, parts: list[nn.Module], say: Callable[[str], None]) -> None:
         if self.cfg.lora.enabled:

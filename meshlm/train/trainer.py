@@ -87,7 +87,7 @@ class Trainer:
             lambda: open_training_data(cfg.data, cfg.model.vocab_size, verify=False))
         self.engine.dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, self.micro_batch * self.accum_steps)
         # The model is built on the meta device; the engine splits and shards it, then each rank allocates and
-        # initialises only its own shards, from the seed and each parameter's name (meshlm/distributed/init.py):
+        # initialises only its own shards, from the seed and each parameter's name (meshlm/models/init.py):
         # every layout starts from the single-device weights, and no rank ever holds the whole model.
         torch.manual_seed(tc.seed)  # the global RNG (anything drawn outside the init) starts the same on every rank
         model = meta_model(cfg.model)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from meshlm.config.catalog import import_objective
 from meshlm.data.readers import JSONL_SUFFIXES, ReadStats, _expand, has_utf8_form
 from meshlm.errors import DataError
 
@@ -77,9 +78,7 @@ def read_rows(paths: str | os.PathLike | Sequence[str | os.PathLike], objective:
 
 def objective_data_kind(objective: str) -> str:
     """The data kind ``training.objective = objective`` reads (with its default [objective] section)."""
-    from meshlm.objectives import objective_class  # objectives build on data: a lookup for callers by name
-
-    kind = objective_class(objective).data_kind
+    kind = import_objective(objective).data_kind  # through the registry: objectives build on data
     if kind not in DATA_KINDS:
         raise DataError(f"objective {objective!r} reads no JSONL rows (its data is {kind!r})")
     return kind

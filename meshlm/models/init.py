@@ -10,7 +10,9 @@ which of them a pipeline stage holds, or on how they are sharded; single device 
 rule and is the reference. Peak extra memory: one full parameter on the CPU (the largest: the embedding or the
 head), never the model.
 
-Model code stays free of RNG and sharding mechanics: this file does them; the model only names the rule.
+The decoder (llama.py) stays free of RNG and sharding mechanics: this file does them; the model only names the
+rule. It sits with the model, not the engine, because the single-device build (build.py) and the engine's sharded
+materialisation (distributed/engine.py) use the same rule; it imports nothing of meshlm and sends nothing.
 """
 
 from __future__ import annotations
