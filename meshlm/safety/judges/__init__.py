@@ -1,6 +1,6 @@
 """The judges, as plug-ins found by name: ``--judge NAME[:ARG]`` wherever meshlm judges.
 
-    judge = make_judge("rule")                          # or "encoder:DIR", "trained:DIR", "llm:URL#MODEL"
+    judge = make_judge("rule")                          # or "encoder[:DIR]", "trained:DIR", "llm:URL#MODEL"
     labels = judge.label(prompts, responses)            # taxonomy.LABELS
     add_judge_arguments(parser)                         # --judge and every plug-in's own flags
     judge = make_judge(args.judge, judge_options(args))
@@ -44,8 +44,9 @@ def kinds() -> dict[str, type[Judge]]:
 
 
 def forms() -> str:
-    """``rule | encoder:DIR | ...``: the accepted ``--judge`` values, for help and errors."""
-    return " | ".join(k + (f":{c.arg}" if c.arg else "") for k, c in kinds().items())
+    """``rule | encoder[:DIR] | ...``: the accepted ``--judge`` values, for help and errors."""
+    return " | ".join(k + (f"[:{c.arg}]" if c.arg and c.arg_optional else f":{c.arg}" if c.arg else "")
+                      for k, c in kinds().items())
 
 
 def parse_spec(spec: str | None) -> tuple[type[Judge], str]:
@@ -53,7 +54,7 @@ def parse_spec(spec: str | None) -> tuple[type[Judge], str]:
     text = (spec or DEFAULT).strip()
     kind, _, arg = text.partition(":")
     found = kinds().get(kind)
-    if found is None or bool(found.arg) != bool(arg):
+    if found is None or (bool(arg) and not found.arg) or (found.arg and not arg and not found.arg_optional):
         raise UserError(f"--judge {text!r}: expected {forms()}")
     return found, arg
 

@@ -43,6 +43,7 @@ class Judge:
 
     kind: ClassVar[str] = ""
     arg: ClassVar[str] = ""  # what ARG in NAME:ARG is ("DIR", "URL#MODEL"); "" when the kind takes none
+    arg_optional: ClassVar[bool] = False  # NAME alone is accepted too (load gets arg "": the kind's default)
     summary: ClassVar[str] = ""
     flags: ClassVar[tuple[Flag, ...]] = ()
     train_flags: ClassVar[tuple[Flag, ...]] = ()
