@@ -1,9 +1,9 @@
 """``meshlm judge``: label responses refuse | warn | answer | unclear, and train the judge and guard classifiers.
 
-    meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|encoder:DIR|trained:DIR|llm:URL#MODEL] [--json]
+    meshlm judge INPUT.jsonl --out OUT.jsonl [--judge rule|encoder[:DIR]|trained:DIR|llm:URL#MODEL] [--json]
     meshlm judge --train-judge LABELLED.jsonl --out DIR [--steps N] [--trunk RUN] [--json]
     meshlm judge --train-judge shipped --train-judge synthetic:500 [--train-judge LABELLED.jsonl ...]
-                 --encoder minilm|DIR --out DIR [--epochs N] [--seed S] [--json]
+                 --encoder minilm|DIR --out DIR [--epochs N] [--seed S] [--adapter-rank R] [--lr LR] [--json]
     meshlm judge --train-guard LABELLED.jsonl --out DIR [--spec SPEC.toml] [--steps N] [--trunk RUN] [--json]
 
 INPUT rows are ``{"prompt", "response", ...}``; OUT has each row plus ``"label"``. LABELLED rows are
