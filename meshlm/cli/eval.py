@@ -3,7 +3,8 @@
     meshlm eval safety (--checkpoint RUN | --endpoint URL --model NAME) --prompts FILE.jsonl --out DIR
                        [--json] [--gate EXPR] [--guard PATH] [--judge NAME[:ARG]]
 
-``--judge`` takes any judge plug-in (meshlm/safety/judges/): rule, encoder[:DIR] (no DIR: the shipped adapter judge), trained:DIR, llm:URL#MODEL.
+``--judge`` takes any judge plug-in (meshlm/safety/judges/): rule, encoder[:DIR] (no DIR: the shipped adapter
+judge), trained:DIR, llm:URL#MODEL.
 
 Writes DIR/responses.jsonl, DIR/report.json and DIR/report.md; ``--json`` prints the report. Exit 1 when a
 gate fails (the report records every gate), 2 on bad input.
