@@ -139,17 +139,16 @@ def train_sft(cfg: AlignConfig, rows: Path, init_from: Path, run_dir: Path, resu
     return _train_stage(raw, lora_table(s), run_dir, resume, log)
 
 
-def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: Log) -> Path:
-    """``data/preference_on_policy.jsonl`` (see :mod:`meshlm.safety.onpolicy`), or ``preference.jsonl`` when
-    ``dpo.on_policy_prompts`` and ``dpo.probe_prompts`` are both 0."""
+def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: Log, judge) -> Path:
+    """``data/preference_on_policy.jsonl`` (see :mod:`meshlm.safety.onpolicy`; its answers labelled by ``judge``,
+    ``eval.judge``'s), or ``preference.jsonl`` when ``dpo.on_policy_prompts`` and ``dpo.probe_prompts`` are both 0."""
     d = cfg.dpo
     if not d.on_policy_prompts and not d.probe_prompts:
         return data / "preference.jsonl"
-    from meshlm.safety.judges import make_judge
     from meshlm.safety.onpolicy import write_on_policy_preferences
 
     def write(out: Path, generate) -> dict:
-        return write_on_policy_preferences(data, out, generate, make_judge("rule").label, prompts=d.on_policy_prompts,
+        return write_on_policy_preferences(data, out, generate, judge.label, prompts=d.on_policy_prompts,
                                            offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
                                            probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
 
@@ -299,7 +298,7 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     timings["sft_s"] = time.perf_counter() - t
     if cfg.dpo.enabled:
         t = time.perf_counter()
-        pairs = on_policy_data(cfg, data, checkpoints["sft"], resume, log)
+        pairs = on_policy_data(cfg, data, checkpoints["sft"], resume, log, judge)
         timings["on_policy_s"] = time.perf_counter() - t
         t = time.perf_counter()
         checkpoints["dpo"] = train_dpo(cfg, data, checkpoints["sft"], run_dir / "dpo", resume, log, pairs)
