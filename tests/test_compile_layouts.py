@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from meshlm.config.loader import config_to_toml, load_config
 from meshlm.distributed.parity import GRAD_NORM_RTOL, LOSS_RTOL
 from meshlm.train.run_dir import init_run_dir
 from meshlm.train.trainer import Trainer
+from helpers import once_per_session
 
 STEPS = 2
 CASES = {
@@ -84,13 +86,18 @@ def _worker(rank: int, world: int, port: int, dataset: str, tmp: str, result: di
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def compiled_runs(debug_dataset, tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("compile-layouts")
+def _compile_cases(tmp: Path, dataset: str) -> dict:
     with mp.Manager() as manager:
         result = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), str(debug_dataset), str(tmp), result), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, _free_port(), dataset, str(tmp), result), nprocs=2, join=True)
         return dict(result)
+
+
+@pytest.fixture(scope="module")
+def compiled_runs(debug_dataset, tmp_path_factory) -> dict:
+    """Every case's result, computed once per session (xdist may give this module's tests to both workers)."""
+    return once_per_session(tmp_path_factory, "compile-layouts",
+                            lambda tmp: _compile_cases(tmp, str(debug_dataset)))
 
 
 @pytest.fixture(scope="module")

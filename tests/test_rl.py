@@ -5,6 +5,7 @@ rollout, and runs under FSDP2 and DDP."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ from meshlm.objectives.rewards import call_reward_fn, contains_number, load_rewa
 from meshlm.objectives.rl import PPOObjective
 from meshlm.train.run_dir import init_run_dir
 from meshlm.train.trainer import Trainer
-from tests.helpers import ROOT, meshlm
+from tests.helpers import ROOT, meshlm, once_per_session
+from tests.parity_batch import Case, run_cases
 
 
 def _cfg(name: str, *overrides: str):
@@ -117,25 +119,33 @@ def test_ppo_resumes_bitwise_from_inside_a_rollout(tmp_path):
     assert last[0] == last[1] and last[0]["step"] == 6
 
 
-@pytest.mark.parametrize("name, layout", [("grpo", ["parallel.dp_shard=2"]),
-                                          ("ppo", ["parallel.dp_replicate=2", "parallel.dp_shard=1"]),
-                                          ("ppo", ["parallel.dp_shard=2"])],
-                         ids=["grpo-fsdp2", "ppo-ddp2", "ppo-fsdp2"])
-def test_parity_with_single_device(name, layout, tmp_path):
+PARITY = {"grpo-fsdp2": ("grpo", ["parallel.dp_shard=2"]),
+          "ppo-ddp2": ("ppo", ["parallel.dp_replicate=2", "parallel.dp_shard=1"]),
+          "ppo-fsdp2": ("ppo", ["parallel.dp_shard=2"])}
+
+
+@pytest.fixture(scope="module")
+def parity_reports(tmp_path_factory) -> dict[str, dict]:
+    """`meshlm diagnose parity configs/NAME.toml --nproc 2 --steps 5 --json --set LAYOUT... --set metrics...` of
+    every case, in one launch (tests/parity_batch.py), once per session; each report names its two run folders."""
+    cases = {case: Case(2, [*layout, "metrics.interval=1", "metrics.tensorboard=false", "metrics.progress=plain"],
+                        5, str(ROOT / "configs" / f"{name}.toml"))
+             for case, (name, layout) in PARITY.items()}
+    return once_per_session(tmp_path_factory, "rl-parity", lambda work: run_cases(cases, work))
+
+
+@pytest.mark.parametrize("case", list(PARITY))
+def test_parity_with_single_device(case, parity_reports):
     """Sampling is seeded per sequence (global index), prompts are padded to the global width, advantages and
     the minibatch order are computed over the gathered global rollout: two ranks reproduce the single-device
     loss and grad norm within the parity tolerances, through a whole rollout (4 steps) and into the next."""
-    overrides = [*layout, "metrics.interval=1", "metrics.tensorboard=false", "metrics.progress=plain"]
-    proc = meshlm("diagnose", "parity", f"configs/{name}.toml", "--nproc", "2", "--steps", "5", "--json",
-                  "--work-dir", str(tmp_path), *[x for key in overrides for x in ("--set", key)], check=False,
-                  timeout=900)
-    report = json.loads(proc.stdout[proc.stdout.index("{"):])
-    assert proc.returncode == 0 and report["ok"], report
+    report = parity_reports[case]
+    assert report["ok"], report
     assert len(report["steps"]) == 5
-    records = _records(tmp_path / "layout")
+    records = _records(Path(report["work"]["layout"]))
     rollouts = [r for r in records if "reward" in r]
     assert [r["step"] for r in rollouts] == [1, 5] and all(0.0 <= r["reward"] <= 1.0 for r in rollouts)
-    reference = {r["step"]: r for r in _records(tmp_path / "reference")}
+    reference = {r["step"]: r for r in _records(Path(report["work"]["reference"]))}
     for r in rollouts:  # the same samples: the same mean reward and response length
         assert r["reward"] == reference[r["step"]]["reward"]
         assert r["response_length"] == reference[r["step"]]["response_length"]
