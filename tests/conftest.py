@@ -7,11 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from helpers import once_per_session
+
 
 @pytest.fixture(scope="session", autouse=True)
 def meshlm_cache(tmp_path_factory) -> Path:
-    """MESHLM_CACHE for the whole session (also inherited by CLI subprocesses)."""
-    cache = Path(os.environ.get("MESHLM_TEST_CACHE") or tmp_path_factory.mktemp("meshlm-cache"))
+    """MESHLM_CACHE for the whole session (also inherited by CLI subprocesses), one folder for all pytest-xdist
+    workers: what meshlm caches there (the prepared embedded corpus, the synthetic JSONL sets) is written
+    atomically, so the workers share one copy instead of preparing one each."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: the session's folder
+    cache = Path(os.environ.get("MESHLM_TEST_CACHE") or shared / "meshlm-cache")
+    cache.mkdir(parents=True, exist_ok=True)
     old = os.environ.get("MESHLM_CACHE")
     os.environ["MESHLM_CACHE"] = str(cache)
     yield cache
@@ -23,11 +30,15 @@ def meshlm_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def debug_dataset(meshlm_cache) -> Path:
-    """The embedded corpus prepared at the `debug` flavour's vocabulary (once per session)."""
+    """The embedded corpus prepared at the `debug` flavour's vocabulary (once per session: a second xdist worker
+    waits for the first's instead of preparing its own)."""
+    from filelock import FileLock  # a dependency of torch
+
     from meshlm.data import ensure_embedded_dataset
     from meshlm.models import flavor_config
 
-    return ensure_embedded_dataset(meshlm_cache, flavor_config("debug").vocab_size, num_workers=2)
+    with FileLock(str(meshlm_cache / "debug-dataset.lock")):
+        return ensure_embedded_dataset(meshlm_cache, flavor_config("debug").vocab_size, num_workers=2)
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +52,28 @@ def tiny_run(debug_dataset, tmp_path_factory) -> Path:
     cfg = load_config(None, [f'data.path="{debug_dataset}"', "data.seq_len=32", "training.batch_size=4",
                              "training.steps=2", "training.eval_interval=0", "checkpoint.interval=1",
                              "metrics.interval=1", "metrics.progress=plain", "metrics.tensorboard=false"])
-    run = tmp_path_factory.mktemp("tiny-run") / "run"
-    init_run_dir(run, config_to_toml(cfg), resume=False)
-    Trainer(cfg, run).train()
-    return run
+
+    def train(folder: Path) -> dict:
+        run = folder / "run"
+        init_run_dir(run, config_to_toml(cfg), resume=False)
+        Trainer(cfg, run).train()
+        return {"run": str(run)}
+
+    return Path(once_per_session(tmp_path_factory, "tiny-run", train)["run"])  # one for both xdist workers
+
+
+@pytest.fixture(scope="session")
+def posttrain_base_run(tmp_path_factory) -> Path:
+    """`meshlm train` of the debug flavour for 4 steps on the embedded corpus (seq 64, batch 8): the
+    checkpoint.init_from base of the post-training and LoRA tests, one per session. Read it, never write it."""
+    from helpers import meshlm
+
+    def train(folder: Path) -> dict:
+        run = folder / "run"
+        overrides = ["model.flavor=debug", "data.seq_len=64", "training.batch_size=8", "schedule.warmup_steps=2",
+                     "metrics.progress=plain", "metrics.tensorboard=false", "metrics.comm_sample_interval=0",
+                     "training.eval_interval=0", "training.steps=4", "metrics.interval=4"]
+        meshlm("train", *[a for o in overrides for a in ("--set", o)], "--run-dir", str(run))
+        return {"run": str(run)}
+
+    return Path(once_per_session(tmp_path_factory, "posttrain-base-run", train)["run"])

@@ -38,3 +38,22 @@ def once_per_session(tmp_path_factory, name: str, produce) -> dict:
             folder.mkdir(parents=True)
             result.write_text(json.dumps(produce(folder)))
     return json.loads(result.read_text())
+
+
+def meshlm_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``meshlm ARGS`` through the CLI's own ``main()`` in this process, without a new interpreter importing torch:
+    for commands a test expects to refuse (a user error's one line on stderr and exit code 2). An unexpected
+    exception propagates with its traceback, so the test fails as it would on a subprocess's traceback."""
+    import contextlib
+    import io
+
+    from meshlm.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["meshlm", *args], code, out.getvalue(), err.getvalue())

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
 from meshlm.config.loader import config_to_toml, load_config
 from meshlm.models.lora import expected_lora_params, lora_modules, merge_lora, num_trainable_params
-from tests.helpers import meshlm
+from tests.helpers import meshlm, meshlm_in_process, once_per_session
 
 TINY = ["model.flavor=debug", "data.seq_len=64", "training.batch_size=8", "schedule.warmup_steps=2",
         "metrics.progress=plain", "metrics.tensorboard=false", "metrics.comm_sample_interval=0",
@@ -32,17 +32,20 @@ def _lora(base: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def base_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("lora") / "base"
-    meshlm("train", *_sets([*TINY, "training.steps=4", "metrics.interval=4"]), "--run-dir", str(run))
-    return run
+def base_run(posttrain_base_run) -> Path:
+    """`meshlm train` with TINY for 4 steps (metrics.interval=4): conftest's, shared with
+    tests/test_objectives_posttrain.py. Read only."""
+    return posttrain_base_run
 
 
 @pytest.fixture(scope="module")
-def lora_run(base_run) -> Path:
-    run = base_run.parent / "lora"
-    meshlm("train", *_sets([*_lora(base_run), "training.steps=6", "metrics.interval=6"]), "--run-dir", str(run))
-    return run
+def lora_run(base_run, tmp_path_factory) -> Path:
+    def train(folder: Path) -> dict:
+        run = folder / "lora"
+        meshlm("train", *_sets([*_lora(base_run), "training.steps=6", "metrics.interval=6"]), "--run-dir", str(run))
+        return {"run": str(run)}
+
+    return Path(once_per_session(tmp_path_factory, "lora-run", train)["run"])  # one for both xdist workers
 
 
 def test_base_unchanged_and_only_adapters_train(tmp_path, base_run):
@@ -114,7 +117,7 @@ def test_lora_resume_is_bitwise(base_run, tmp_path):
         assert records[1][step]["grad_norm"] == records[0][step]["grad_norm"], step
 
 
-def test_lora_under_tensor_parallelism_equals_a_single_device(base_run):
+def test_lora_under_tensor_parallelism_equals_a_single_device(base_run, tmp_path):
     """Adapters laid out to follow their projection's sharding (column-parallel q/v: A whole, B by rows;
     row-parallel o/down: A by columns, B whole): tp2 gives the single-device loss and grad norm. Sequence
     parallelism stays refused (torch re-creates the sequence-parallel norm weights as trainable parameters)."""
@@ -123,6 +126,6 @@ def test_lora_under_tensor_parallelism_equals_a_single_device(base_run):
     proc = meshlm("diagnose", "parity", *_sets(overrides), "--nproc", "2", "--steps", "3", "--json", check=False)
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert proc.returncode == 0 and report["ok"], report
-    refused = meshlm("train", *_sets([*overrides[:-1], "training.steps=1"]), "--run-dir", str(base_run.parent / "x"),
-                     check=False)
+    refused = meshlm_in_process("train", *_sets([*overrides[:-1], "training.steps=1"]), "--run-dir",
+                                str(tmp_path / "x"))
     assert refused.returncode == 2 and "parallel.sequence_parallel = false" in refused.stderr, refused.stderr

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import meshlm
+from tests.helpers import meshlm, meshlm_in_process, once_per_session
+from tests.parity_batch import Case, run_cases
 
 TINY = ["model.flavor=debug", "data.seq_len=64", "training.batch_size=8", "schedule.warmup_steps=2",
         "metrics.progress=plain", "metrics.tensorboard=false", "metrics.comm_sample_interval=0"]
@@ -24,12 +25,16 @@ def _train(run_dir: Path, *overrides: str, check: bool = True, extra: tuple[str,
     return meshlm("train", *_sets(*overrides), "--run-dir", str(run_dir), *extra, check=check)
 
 
+def _refused(run_dir: Path, *overrides: str):
+    """`meshlm train` that must refuse before training: in this process (tests/helpers.py meshlm_in_process)."""
+    return meshlm_in_process("train", *_sets(*overrides), "--run-dir", str(run_dir))
+
+
 @pytest.fixture(scope="module")
-def base_run(tmp_path_factory) -> Path:
-    """A short pretraining run of the debug flavour: the base model of init_from / LoRA tests."""
-    run = tmp_path_factory.mktemp("base") / "run"
-    _train(run, "training.steps=4", "training.eval_interval=0", "metrics.interval=4")
-    return run
+def base_run(posttrain_base_run) -> Path:
+    """A short pretraining run of the debug flavour (TINY, 4 steps): the base model of init_from / LoRA tests
+    (conftest's, shared with tests/test_lora_train.py)."""
+    return posttrain_base_run
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -53,7 +58,7 @@ def test_reward_model_separates_held_out_pairs(tmp_path):
     final = _records(run)[-1]
     assert final["eval_accuracy"] >= 0.9, final
     assert final["eval_margin"] > 0, final
-    proc = meshlm("generate", "--checkpoint", str(run), "--prompt", "hi", check=False)  # a score head
+    proc = meshlm_in_process("generate", "--checkpoint", str(run), "--prompt", "hi")  # a score head
     assert proc.returncode == 2 and "reward model" in proc.stderr, proc.stderr
     _check_sequence_classifier_export(run, tmp_path / "hf")
 
@@ -117,9 +122,15 @@ def test_resume_is_bitwise(tmp_path, objective):
     for step in (4, 5, 6):
         assert resumed[step]["loss"] == straight[step]["loss"], step
         assert resumed[step]["grad_norm"] == straight[step]["grad_norm"], step
-    sha = [json.loads(meshlm("inspect", str(tmp_path / run), "--json").stdout)["weights_sha256"]
-           for run in ("straight", "resumed")]
+    sha = [_weights_sha256(tmp_path / run) for run in ("straight", "resumed")]
     assert sha[0] == sha[1]
+
+
+def _weights_sha256(run: Path) -> str:
+    """What `meshlm inspect RUN --json` reports as weights_sha256 (the same two calls, in this process)."""
+    from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
+
+    return weights_sha256(model_from_checkpoint(run)[0])
 
 
 def test_wrong_row_kind_exits_2_naming_file_and_line(tmp_path):
@@ -127,7 +138,7 @@ def test_wrong_row_kind_exits_2_naming_file_and_line(tmp_path):
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                              {"role": "assistant", "content": "hello"}]}) + "\n" +
                     json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n")
-    proc = _train(tmp_path / "bad", "training.objective=sft", f"data.path={data}", "training.steps=1", check=False)
+    proc = _refused(tmp_path / "bad", "training.objective=sft", f"data.path={data}", "training.steps=1")
     assert proc.returncode == 2, proc.stderr
     assert f"{data}:2" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -136,8 +147,8 @@ def test_tokenizer_larger_than_model_exits_2(tmp_path, base_run):
     # init_from's tokenizer has 2048 tokens; a model with 1024 embedding rows cannot read it. The shape comes from
     # the checkpoint, so asking for 1024 rows is refused as a contradiction naming both values, before any data
     # is read.
-    proc = _train(tmp_path / "bad", "training.objective=sft", f"checkpoint.init_from={base_run}",
-                  "model.vocab_size=1024", "training.steps=1", check=False)
+    proc = _refused(tmp_path / "bad", "training.objective=sft", f"checkpoint.init_from={base_run}",
+                    "model.vocab_size=1024", "training.steps=1")
     assert proc.returncode == 2, proc.stderr
     assert "model.vocab_size = 1024 contradicts checkpoint.init_from" in proc.stderr, proc.stderr
     assert "2048" in proc.stderr and "Traceback" not in proc.stderr
@@ -147,22 +158,32 @@ _DDP2, _FSDP2, _TP2 = (["parallel.dp_replicate=2", "parallel.dp_shard=1"], ["par
                        ["parallel.tp=2", "parallel.dp_shard=1"])
 
 
-@pytest.mark.parametrize("objective, layout", [
-    *[(objective, layout) for objective in ("sft", "dpo") for layout in (_DDP2, _FSDP2, _TP2)],
-    ("reward", _DDP2), ("reward", _FSDP2),  # the score head refuses tp > 1
-    ("dpo", [*_FSDP2, "objective.loss_type=kto"]),  # KTO's reference point is summed over the dp group
-], ids=["sft-ddp2", "sft-fsdp2", "sft-tp2", "dpo-ddp2", "dpo-fsdp2", "dpo-tp2", "reward-ddp2", "reward-fsdp2",
-        "kto-fsdp2"])
-def test_parity_with_single_device(objective, layout):
-    proc = meshlm("diagnose", "parity", *_sets(f"training.objective={objective}", *layout), "--nproc", "2",
-                  "--steps", "3", "--json", check=False)
-    report = json.loads(proc.stdout[proc.stdout.index("{"):])
-    assert proc.returncode == 0 and report["ok"], report
+PARITY = {
+    **{f"{objective}-{name}": (objective, layout) for objective in ("sft", "dpo")
+       for name, layout in (("ddp2", _DDP2), ("fsdp2", _FSDP2), ("tp2", _TP2))},
+    "reward-ddp2": ("reward", _DDP2), "reward-fsdp2": ("reward", _FSDP2),  # the score head refuses tp > 1
+    "kto-fsdp2": ("dpo", [*_FSDP2, "objective.loss_type=kto"]),  # KTO's reference point is summed over the dp group
+}
+
+
+@pytest.fixture(scope="module")
+def parity_reports(tmp_path_factory) -> dict[str, dict]:
+    """`meshlm diagnose parity --set TINY... --set training.objective=O --set LAYOUT... --nproc 2 --steps 3 --json`
+    of every case, in one launch (tests/parity_batch.py), once per session."""
+    cases = {name: Case(2, [*TINY, f"training.objective={objective}", *layout], 3)
+             for name, (objective, layout) in PARITY.items()}
+    return once_per_session(tmp_path_factory, "posttrain-parity", lambda work: run_cases(cases, work))
+
+
+@pytest.mark.parametrize("name", list(PARITY))
+def test_parity_with_single_device(name, parity_reports):
+    report = parity_reports[name]
+    assert report["ok"], report
     assert len(report["steps"]) == 3
 
 
 def test_lora_without_base_is_a_config_error(tmp_path):
-    proc = _train(tmp_path / "bad", "training.objective=sft", "lora.rank=4", "training.steps=1", check=False)
+    proc = _refused(tmp_path / "bad", "training.objective=sft", "lora.rank=4", "training.steps=1")
     assert proc.returncode == 2 and "checkpoint.init_from" in proc.stderr, proc.stderr
 
 
