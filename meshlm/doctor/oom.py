@@ -22,7 +22,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from meshlm.config.loader import config_to_toml, load_config
 from meshlm.errors import ConfigError, UserError
+from meshlm.fileio import atomic_write_text
+from meshlm.planner.emit import write_config
+from meshlm.planner.hardware import resolve_hardware
+from meshlm.planner.memory import GIB
+from meshlm.planner.plan import _gpus_needed
+from meshlm.planner.predict import layout_from_config, predict_rank
+from meshlm.planner.runlog import run_hardware
+from meshlm.planner.search import _micro_options, evaluate, search
 from meshlm.train.callbacks import TrainerCallback, TrainerView, is_out_of_memory  # noqa: F401 (re-exported)
 
 REMEDIES = ("micro-batch", "activation checkpointing", "sharding", "tensor/pipeline parallelism")
@@ -37,8 +46,6 @@ def training_oom_error(view: TrainerView, exc: BaseException) -> OutOfMemory:
     """The one-line error for an out-of-memory step: what ran out, the planner's prediction for this rank, and
     the command that lists the remedies."""
     from meshlm.planner.measure import mesh_coords
-    from meshlm.planner.predict import layout_from_config, predict_rank
-    from meshlm.planner.runlog import run_hardware
 
     engine = view.engine
     world = engine.dims.world_size
@@ -83,8 +90,6 @@ class Remedy:
 
 def _micro_variants(layout, training) -> list:
     """The layout with every smaller micro-batch (accumulation keeps the global batch), largest first."""
-    from meshlm.planner.search import _micro_options
-
     local = max(training.global_batch // layout.dp, 1)
     if layout.pp > 1:
         return [replace(layout, microbatches=m) for m in _micro_options(local, layout.pp) if m >= layout.microbatches]
@@ -123,8 +128,6 @@ def _describe_change(base, layout) -> str:
 
 def remedies(spec, hw, training, base, headroom: float) -> tuple[Any, list[Remedy]]:
     """(the config's own evaluation, the remedies in order, each cumulative)."""
-    from meshlm.planner.search import evaluate, search
-
     def ev(layout):
         return evaluate(spec, layout, training, hw, headroom, exact=True)
 
@@ -164,8 +167,6 @@ def remedies(spec, hw, training, base, headroom: float) -> tuple[Any, list[Remed
 # -------------------------------------------------------------------------------------------------- report
 def hardware_for(name: str | None, nproc: int, memory_gib: float | None):
     """A planner preset, ``cpu`` (this machine, measured), or by default the device this machine would train on."""
-    from meshlm.planner.hardware import resolve_hardware
-
     if name is None:
         import torch
 
@@ -178,11 +179,6 @@ def hardware_for(name: str | None, nproc: int, memory_gib: float | None):
 
 def diagnose(config: str | None, overrides: list[str], nproc: int, gpu: str | None, memory_gib: float | None,
              headroom: float, emit_path: str | None) -> dict[str, Any]:
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.planner.memory import GIB
-    from meshlm.planner.plan import _gpus_needed
-    from meshlm.planner.predict import layout_from_config
-
     if nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {nproc}")
     if not 0 < headroom <= 1:
@@ -218,8 +214,6 @@ def diagnose(config: str | None, overrides: list[str], nproc: int, gpu: str | No
 
 
 def _row(ev, reference) -> dict[str, Any]:
-    from meshlm.planner.memory import GIB
-
     out: dict[str, Any] = {"layout": ev.layout.describe(), "micro_batch_size": ev.layout.micro_batch_size,
                            "activation_checkpointing": ev.layout.activation_checkpointing,
                            "memory_gib": ev.memory.gib(), "reason": ev.reason}
@@ -236,9 +230,6 @@ def _emit(spec, layout, training, device: str, base: dict[str, Any], path: str |
           header: str) -> tuple[str, str | None]:
     """The fitting config as TOML text (checked by meshlm's loader and layout checks), written when asked."""
     import tempfile
-
-    from meshlm.fileio import atomic_write_text
-    from meshlm.planner.emit import write_config
 
     with tempfile.TemporaryDirectory(prefix="meshlm-oom-") as tmp:
         text = write_config(Path(tmp) / "fit.toml", spec, layout, training, device, base, header).read_text()

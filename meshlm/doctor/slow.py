@@ -23,7 +23,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from meshlm.config.loader import config_to_toml, load_config
 from meshlm.errors import ConfigError
+from meshlm.planner.predict import layout_from_config
+from meshlm.planner.timing import bubble_fraction
+from meshlm.train.run_dir import init_run_dir
 
 STRAGGLER = 1.25  # busy time above the median rank's by this factor
 PROFILE_OVERRIDES = ["metrics.interval=1", "metrics.comm_sample_interval=1", "checkpoint.enabled=false",
@@ -32,8 +36,6 @@ PROFILE_OVERRIDES = ["metrics.interval=1", "metrics.comm_sample_interval=1", "ch
 
 def read_run(run_dir: Path) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     """(config, metrics records, plan_prediction.json or {}) of a run directory."""
-    from meshlm.config.loader import load_config
-
     run_dir = Path(run_dir)
     config, metrics = run_dir / "config.resolved.toml", run_dir / "metrics.jsonl"
     if not config.is_file() or not metrics.is_file():
@@ -127,9 +129,6 @@ def stage_balance(ranks: list[dict[str, Any]], pp: int) -> list[float | None]:
 
 def predicted(cfg, world: int, prediction: dict[str, Any]) -> dict[str, Any]:
     """The run's own planner prediction (plan_prediction.json) and the layout's pipeline bubble."""
-    from meshlm.planner.predict import layout_from_config
-    from meshlm.planner.timing import bubble_fraction
-
     _, layout, _ = layout_from_config(cfg, world)
     pred = prediction.get("predicted", {})
     return {"layout": layout.describe(), "step_time_s": pred.get("step_time_s"),
@@ -203,9 +202,7 @@ def recommend(cfg, layout, meas: dict[str, Any], pred: dict[str, Any], slow_rank
 
 def profile(run_dir: Path, work: Path, steps: int, world: int) -> tuple[Path, int]:
     """Resume a copy of the run (its newest checkpoint) and profile ``steps`` steps after one warm-up."""
-    from meshlm.config.loader import config_to_toml, load_config
     from meshlm.distributed.launch import launch_local
-    from meshlm.train.run_dir import init_run_dir
     from meshlm.doctor.callbacks import run_callbacks
     from meshlm.train.trainer import Trainer
 

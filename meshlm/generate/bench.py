@@ -21,6 +21,8 @@ from torch import nn
 
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.generate.rollout import SamplingConfig, rollout
+from meshlm.interop.hf import hf_name
+from meshlm.interop.hf_config import transformers_model
 
 COPY_BYTES = 256 * 2**20
 
@@ -63,9 +65,6 @@ def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: t
 
 def hf_model_from(model: nn.Module) -> nn.Module:
     """transformers' model of the same architecture holding a copy of ``model``'s weights (eval mode)."""
-    from meshlm.interop.hf import hf_name
-    from meshlm.interop.hf_config import transformers_model
-
     try:
         import transformers  # noqa: F401
     except ImportError:

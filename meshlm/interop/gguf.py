@@ -28,9 +28,11 @@ from meshlm.interop.gguf_names import (
     gguf_name,
     heads_of,
 )
+from meshlm.interop.gguf_tokenizer import tokenizer_from_gguf
 from meshlm.interop.hf import _save_run_dir, _StreamingPlanner, expected_shapes
 from meshlm.interop.hf_files import atomic_folder, check_output, write_json
 from meshlm.models.config import ModelConfig
+from meshlm.models.llama import rope_inv_freq
 
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -110,8 +112,6 @@ def _llama3_rope(gguf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
     stores Llama 3.1+ scaling — as meshlm's llama3 settings. GGUF keeps only the divisors: the factor is their
     largest, and the other parameters are Meta's for every Llama 3.1/3.2/3.3 model (low 1, high 4, original
     context 8192), accepted only when they reproduce every divisor."""
-    from meshlm.models.llama import rope_inv_freq
-
     divisors = gguf.read(ROPE_FREQS).reshape(-1).double()  # (Dh/2,)
     scaled = dataclasses.replace(cfg, rope_scaling="llama3", rope_scaling_factor=float(divisors.max()),
                                  rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192)
@@ -154,8 +154,6 @@ def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str
 def convert_from_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Write the model in GGUF file ``path`` as a meshlm run directory ``out`` (config.resolved.toml +
     checkpoints/step-00000000/ with the tokenizer and chat template), as ``convert_from_hf`` does."""
-    from meshlm.interop.gguf_tokenizer import tokenizer_from_gguf
-
     path, out = Path(path), Path(out)
     gguf = GGUFFile(path)
     cfg, arch, notes = model_config_from_gguf(gguf)

@@ -25,8 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
+from meshlm.data.posttrain.templates import MESHLM_CHAT_TEMPLATE, read_hf_chat_template
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.interop.gguf_names import PERMUTED_ARCHITECTURES, gguf_name, heads_of, to_interleaved
+from meshlm.interop.gguf_tokenizer import tokenizer_to_gguf
+from meshlm.interop.hf_tokenizer import read_meta
+from meshlm.models.llama import rope_inv_freq
+from meshlm.models.lora import merge_lora
+from meshlm.tokenizer import SPECIAL_TOKENS, MeshTokenizer
 
 EXPORT_TYPES = ("f32", "f16", "bf16", "q8_0")
 
@@ -34,9 +41,6 @@ EXPORT_TYPES = ("f32", "f16", "bf16", "q8_0")
 def convert_to_gguf(checkpoint: str | Path, out: str | Path, *, dtype: str = "f32",
                     overwrite: bool = False) -> dict[str, Any]:
     """Write the meshlm checkpoint (run dir or step folder) as the GGUF file ``out``."""
-    from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
-    from meshlm.models.lora import merge_lora
-
     if dtype not in EXPORT_TYPES:
         raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(EXPORT_TYPES)}")
     out = Path(out)
@@ -109,11 +113,6 @@ def _finish(tmp: Path) -> None:
 def _tokenizer_fields(ckpt: Path, vocab_rows: int) -> tuple[dict[str, Any], str | None]:
     """The tokenizer's ``tokenizer.ggml.*`` values and the chat template (the checkpoint's, else meshlm's for a
     tokenizer meshlm trained, else none)."""
-    from meshlm.data.posttrain.templates import MESHLM_CHAT_TEMPLATE, read_hf_chat_template
-    from meshlm.interop.gguf_tokenizer import tokenizer_to_gguf
-    from meshlm.interop.hf_tokenizer import read_meta
-    from meshlm.tokenizer import SPECIAL_TOKENS, MeshTokenizer
-
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
     if tokenizer.vocab_size > vocab_rows:
         raise CheckpointError(f"{ckpt / 'tokenizer.json'} has {tokenizer.vocab_size} tokens, more than the model's "
@@ -144,7 +143,6 @@ def _plan(model: torch.nn.Module, cfg, dtype: str) -> list[tuple[str, str, Any, 
             qtype = Q.F16
         plan.append((name, gguf_name(name), qtype, t))
     if cfg.rope_scaling == "llama3":  # llama.cpp divides each RoPE frequency by its factor (convert_hf_to_gguf)
-        from meshlm.models.llama import rope_inv_freq
 
         plain = rope_inv_freq(dataclasses.replace(cfg, rope_scaling="none"))
         plan.append(("rope_freqs", "rope_freqs.weight", Q.F32, plain / rope_inv_freq(cfg)))

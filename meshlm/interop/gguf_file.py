@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from meshlm.errors import CheckpointError
+from meshlm.interop.gguf_names import from_interleaved
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -143,8 +144,6 @@ class GGUFFile:
     def read(self, name: str) -> torch.Tensor:
         """One tensor in fp32, in meshlm's row order (read with ``read``, so no page of the file stays mapped)."""
         from gguf.quants import dequantize, quant_shape_to_byte_shape
-
-        from meshlm.interop.gguf_names import from_interleaved
 
         shape, qtype, offset, nbytes = self.tensors[name]
         with open(self.path, "rb") as f:

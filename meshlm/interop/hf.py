@@ -18,6 +18,10 @@ import torch
 from torch.distributed.checkpoint import DefaultSavePlanner, SavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
+from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
+from meshlm.checkpoint.manager import CheckpointManager
+from meshlm.config.loader import config_to_toml, load_config
+from meshlm.data.posttrain.templates import MESHLM_CHAT_TEMPLATE
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.interop.hf_config import architecture_of, hf_config_from_model, model_config_from_hf
 from meshlm.interop.hf_files import (
@@ -29,10 +33,14 @@ from meshlm.interop.hf_files import (
     write_safetensors,
 )
 from meshlm.interop.hf_tokenizer import hf_tokenizer_config, load_hf_tokenizer, read_meta, tokenizer_meta
+from meshlm.interop.peft import write_peft_adapter
 from meshlm.models.config import CUSTOM_FLAVOR, ModelConfig
 from meshlm.models.family import DECODER
+from meshlm.models.llama import Transformer
 from meshlm.models.lora import merge_lora
+from meshlm.tokenizer import SPECIAL_TOKENS, MeshTokenizer
 from meshlm.tokenizer.bpe import TOKENIZER_META, tokenizer_files
+from meshlm.train.run_dir import RESOLVED
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # "5GB", transformers' default
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -49,8 +57,6 @@ def hf_name(name: str) -> str:
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """meshlm name -> shape of every stored tensor (a tied output head is the embedding, so not listed)."""
-    from meshlm.models.llama import Transformer
-
     with torch.device("meta"):
         model = Transformer(cfg)
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -136,11 +142,6 @@ def _save_run_dir(run_dir: Path, cfg: ModelConfig, planner: SavePlanner, source:
     """config.resolved.toml and a weights-only step-0 checkpoint whose tensors ``planner`` supplies. ``source``
     (format, path, ...) is recorded in train_state.json; the model's flavour becomes "custom" and ``model.source``
     the name of ``source["path"]`` unless ``cfg.source`` is set."""
-    from meshlm.checkpoint.manager import CheckpointManager
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.models.llama import Transformer
-    from meshlm.train.run_dir import RESOLVED
-
     job = load_config(None)
     # A converted model has no named flavour; model.source names the file or folder it came from.
     job.model = dataclasses.replace(cfg, flavor=CUSTOM_FLAVOR, source=cfg.source or Path(source["path"]).name)
@@ -163,9 +164,6 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
     stored in ``dtype`` (fp32, bf16 or fp16; round to nearest even from meshlm's fp32). A LoRA checkpoint is
     exported merged (base + adapters), or with ``adapter_only`` as a PEFT adapter folder; a reward model as a
     one-label ``...ForSequenceClassification``."""
-    from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
-    from meshlm.tokenizer import MeshTokenizer
-
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(EXPORT_DTYPES)}")
     out_dir = Path(out_dir)
@@ -205,9 +203,6 @@ def _export_tokenizer(ckpt: Path, tokenizer, max_len: int, out: Path) -> None:
     """The checkpoint's tokenizer files as HF has them (tokenizer_meta.json is meshlm's own, left out); a
     checkpoint without a tokenizer_config.json gets a minimal one, with meshlm's chat template when its
     tokenizer has meshlm's chat tokens."""
-    from meshlm.data.posttrain.templates import MESHLM_CHAT_TEMPLATE
-    from meshlm.tokenizer import SPECIAL_TOKENS
-
     for name, src in tokenizer_files(ckpt).items():
         if name != TOKENIZER_META:
             shutil.copyfile(src, out / name)
@@ -255,8 +250,6 @@ def _as_sequence_classifier(config: dict[str, Any], tensors: dict[str, torch.Ten
 def _export_adapter(model: torch.nn.Module, job, ckpt: Path, out_dir: Path, overwrite: bool) -> dict[str, Any]:
     """A LoRA checkpoint's adapters as a PEFT folder; its base is the checkpoint's ``checkpoint.init_from``
     (export that with ``convert to-hf`` too and load the adapter onto it)."""
-    from meshlm.interop.peft import write_peft_adapter
-
     lora = job.lora
     if not lora.enabled:
         raise CheckpointError(f"{ckpt} has no LoRA adapters (lora.rank = 0); drop --adapter-only to export the "

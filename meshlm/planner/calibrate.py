@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 
+from meshlm.config.loader import build_config
 from meshlm.errors import ConfigError
 from meshlm.planner.hardware import Hardware
-from meshlm.planner.model_spec import ModelSpec
+from meshlm.planner.model_spec import ModelSpec, from_model_config
 from meshlm.planner.timing import model_flops_per_token
 
 PROBE_PARAMS = 30e6  # larger models are probed with the `small` flavour's shape
@@ -21,7 +22,6 @@ def calibrate(spec: ModelSpec, hw: Hardware, precision: str, seq_len: int, steps
     import torch
 
     from meshlm.models import build_model, flavor_config
-    from meshlm.planner.model_spec import from_model_config
 
     on_gpu = torch.cuda.is_available() and hw.name != "cpu"
     if hw.name != "cpu" and not on_gpu:
@@ -30,8 +30,6 @@ def calibrate(spec: ModelSpec, hw: Hardware, precision: str, seq_len: int, steps
     if spec.arch != "llama" or spec.meshlm_model is None or spec.num_params() > PROBE_PARAMS:
         cfg = flavor_config("small")
     else:
-        from meshlm.config.loader import build_config
-
         cfg = build_config({"model": dict(spec.meshlm_model)}).model
     probe = from_model_config(cfg)
     seq = min(seq_len, cfg.max_seq_len, 256)

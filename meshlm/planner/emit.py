@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from meshlm.config.loader import build_config
 from meshlm.errors import ConfigError
 from meshlm.planner.layout import Layout, Training
 from meshlm.planner.model_spec import ModelSpec
@@ -43,7 +44,6 @@ def job_sections(spec: ModelSpec, layout: Layout, training: Training, device: st
 def write_config(path: Path, spec: ModelSpec, layout: Layout, training: Training, device: str,
                  base: dict[str, Any] | None = None, header: str = "") -> Path:
     """Write the TOML after checking that meshlm's own loader and layout checks accept it."""
-    from meshlm.config.loader import build_config
     from meshlm.distributed.parallel_dims import ParallelDims
 
     sections = job_sections(spec, layout, training, device, base)

@@ -16,8 +16,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshlm.config.loader import load_config
 from meshlm.errors import ConfigError
 from meshlm.models.family import DECODER, Shapes
+from meshlm.models.flavors import FLAVORS, flavor_config
 from meshlm.sections import did_you_mean
 
 
@@ -213,15 +215,11 @@ def from_hf_config(path: Path) -> ModelSpec:
 
 
 def from_toml(path: Path) -> ModelSpec:
-    from meshlm.config.loader import load_config
-
     return from_model_config(load_config(path).model, Path(path).stem)
 
 
 def resolve_model(text: str) -> ModelSpec:
     """A flavour name, a ``gpt-*`` preset, a meshlm ``.toml`` job config or an HF ``config.json``."""
-    from meshlm.models.flavors import FLAVORS, flavor_config
-
     if text in FLAVORS:
         spec = from_model_config(flavor_config(text))
         return dataclasses.replace(spec, meshlm_model={"flavor": text})

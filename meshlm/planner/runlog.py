@@ -12,6 +12,9 @@ from typing import Any
 
 from meshlm.errors import UserError
 from meshlm.fileio import atomic_write_text
+from meshlm.planner.hardware import PRESETS, Hardware, machine_memory_gib
+from meshlm.planner.predict import layout_from_config, predict_rank
+from meshlm.planner.search import evaluate
 from meshlm.train.callbacks import TrainerCallback, TrainerView
 
 FILE = "plan_prediction.json"
@@ -20,8 +23,6 @@ FILE = "plan_prediction.json"
 def run_hardware(view: TrainerView):
     """The planner's Hardware for the device this run trains on (None for an unknown GPU)."""
     import torch
-
-    from meshlm.planner.hardware import PRESETS, Hardware, machine_memory_gib
 
     world = view.engine.dims.world_size
     if view.device.type == "cpu":
@@ -44,8 +45,6 @@ class PlanLog(TrainerCallback):
         """One line with the prediction (rank 0 computes it and writes plan_prediction.json)."""
         if view.rank != 0:
             return ""
-        from meshlm.planner.predict import layout_from_config, predict_rank
-        from meshlm.planner.search import evaluate
 
         try:
             spec, layout, training = layout_from_config(view.cfg, view.engine.dims.world_size)

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import torch
 
+from meshlm.checkpoint.load import model_from_checkpoint
+from meshlm.data import SequenceLoader
 from meshlm.errors import DataError
+from meshlm.objectives.pretrain import NextTokenObjective
+from meshlm.train.trainer import open_training_data
 
 EVAL_BATCH = 16  # sequences per forward pass; the result does not depend on it (losses are summed)
 
@@ -21,11 +25,6 @@ EVAL_BATCH = 16  # sequences per forward pass; the result does not depend on it 
 @torch.no_grad()
 def heldout_loss(run_dir: str | Path, tokens: int, device: str = "cpu") -> dict:
     """{"loss", "tokens", "step", "tokens_seen"} of the newest checkpoint of ``run_dir`` on the val split."""
-    from meshlm.checkpoint.load import model_from_checkpoint
-    from meshlm.data import SequenceLoader
-    from meshlm.objectives.pretrain import NextTokenObjective
-    from meshlm.train.trainer import open_training_data
-
     model, cfg, state, ckpt = model_from_checkpoint(run_dir, device)
     dataset = open_training_data(cfg.data, cfg.model.vocab_size, verify=False)
     seq_len = cfg.data.seq_len

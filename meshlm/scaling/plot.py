@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshlm.plots import _save
 from meshlm.scaling.isoflop import group_rows
 from meshlm.scaling.report import FitResult
 
@@ -18,8 +19,6 @@ def plot_fit(result: FitResult, out: Path, budget: float | None = None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from meshlm.plots import _save
 
     rows, a3 = result.rows, result.approach3
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=110)

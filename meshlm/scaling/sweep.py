@@ -21,11 +21,16 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from meshlm.config.loader import config_to_toml, load_config
+from meshlm.doctor.callbacks import run_callbacks
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.fileio import atomic_write_text
+from meshlm.plots import plot_loss, read_metrics
 from meshlm.scaling.heldout import heldout_loss
 from meshlm.scaling.rows import POINTS_FILE
 from meshlm.scaling.spec import Point, SweepSpec
+from meshlm.train.run_dir import init_run_dir
+from meshlm.train.trainer import Trainer
 
 POINT_FILE, RESULT_FILE = "point.json", "result.json"
 
@@ -49,9 +54,6 @@ def _identity(spec: SweepSpec, point: Point) -> dict:
 def _claim(spec: SweepSpec, folder: Path, point: Point) -> None:
     """Make ``folder`` the point's run directory (config.resolved.toml, then point.json), or check that it
     already is: a folder of another point, another model or an unrelated one is refused."""
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.train.run_dir import init_run_dir
-
     ident = _identity(spec, point)
     marker = folder / POINT_FILE
     if marker.is_file():
@@ -66,11 +68,6 @@ def _claim(spec: SweepSpec, folder: Path, point: Point) -> None:
 
 
 def _train_here(spec: SweepSpec, point: Point, folder: Path) -> None:
-    from meshlm.config.loader import load_config
-    from meshlm.doctor.callbacks import run_callbacks
-    from meshlm.plots import plot_loss
-    from meshlm.train.trainer import Trainer
-
     cfg = load_config(spec.base, point.overrides)
     Trainer(cfg, folder, resume=True, callbacks=run_callbacks(cfg)).train()  # no checkpoint yet: starts at step 0
     plot_loss(folder)
@@ -100,8 +97,6 @@ def result_row(spec: SweepSpec, point: Point, folder: Path) -> dict:
 
 
 def _last_train_loss(folder: Path) -> float | None:
-    from meshlm.plots import read_metrics
-
     losses = [r["loss"] for r in read_metrics(folder) if isinstance(r.get("loss"), (int, float))]
     return losses[-1] if losses else None
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from meshlm.checkpoint.load import load_lora_base, resolve_checkpoint
+from meshlm.checkpoint.manager import CheckpointManager
+from meshlm.config.loader import config_to_toml, load_config
+from meshlm.data import embedded_documents
+from meshlm.models import build_model
+from meshlm.models.build import adapt_meta_model, meta_model
+from meshlm.models.init import materialize
+from meshlm.models.lora import lora_modules
+from meshlm.objectives import build_objective
+from meshlm.tokenizer import MeshTokenizer
+
 
 def random_checkpoints(root: str | Path, flavor: str = "debug", vocab_size: int = 512,
                        steps: tuple[int, ...] = (1, 2)) -> list[Path]:
     """One checkpoint per step under ``root/checkpoints`` (different seeds, so different weights) of ``flavor``
     with a byte-level BPE tokenizer of ``vocab_size`` tokens trained on 200 embedded documents."""
-    from meshlm.checkpoint.manager import CheckpointManager
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.data import embedded_documents
-    from meshlm.models import build_model
-    from meshlm.tokenizer import MeshTokenizer
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = MeshTokenizer.train(embedded_documents()[:200], vocab_size)
@@ -30,16 +37,6 @@ def random_adapter(base: str | Path, root: str | Path, seed: int, rank: int = 4,
                    targets: tuple[str, ...] = ("q", "v", "down"), scale: float = 0.05) -> Path:
     """A LoRA checkpoint over the checkpoint ``base`` (``checkpoint.init_from``) whose B matrices are random
     (normal, ``scale``), not zero as after initialisation, so the adapter changes the model's output."""
-    import torch
-
-    from meshlm.checkpoint.load import load_lora_base, resolve_checkpoint
-    from meshlm.checkpoint.manager import CheckpointManager
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.models.build import adapt_meta_model, meta_model
-    from meshlm.models.init import materialize
-    from meshlm.models.lora import lora_modules
-    from meshlm.objectives import build_objective
-
     base = resolve_checkpoint(base)
     cfg = load_config(base / "config.toml", ["training.objective=sft", f"checkpoint.init_from={base}",
                                              f"lora.rank={rank}", f"lora.alpha={alpha}",

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshlm.errors import ConfigError, UserError
+from meshlm.fileio import atomic_write_text
+from meshlm.serve.audit import AuditLog
+from meshlm.serve.protocol import ApiError
+from meshlm.serve.registry import Registry
+from meshlm.serve.rollout import Router
 
 
 @dataclass
@@ -106,10 +111,6 @@ async def _serve(opts: ServeOptions) -> None:
 
     import uvicorn
 
-    from meshlm.serve.audit import AuditLog
-    from meshlm.serve.protocol import ApiError
-    from meshlm.serve.registry import Registry
-    from meshlm.serve.rollout import Router
     from meshlm.serve.server import Server
 
     registry = Registry(opts.registry, create=False)
@@ -138,8 +139,6 @@ async def _serve(opts: ServeOptions) -> None:
         config = uvicorn.Config(server.app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=30)
         if opts.port_file:
-            from meshlm.fileio import atomic_write_text
-
             atomic_write_text(Path(opts.port_file), json.dumps({"host": host, "port": port, "url": url,
                                                                  "pid": os.getpid()}))
         # The operator's own settings, no request data: printed as they are (the sanitizer would mask the address).

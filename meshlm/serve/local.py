@@ -18,13 +18,17 @@ from typing import Any
 import anyio
 import torch
 
+from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
+from meshlm.data.posttrain.templates import chat_template_for
 from meshlm.errors import CheckpointError, UserError
+from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
 from meshlm.serve.engine import BatchEngine, Sequence
 from meshlm.serve.grammar import GrammarEngine
 from meshlm.serve.multilora import AdapterBank, lora_tensors
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job
 from meshlm.serve.registry import ModelVersion, verify_files
 from meshlm.serve.tools import encode_with_tools
+from meshlm.tokenizer import MeshTokenizer
 
 
 class Mailbox:
@@ -120,11 +124,6 @@ class LocalBackend:
              max_queue: int = 64) -> LocalBackend:
         """Verify the files against the registry, load, and check the loaded weights' sha256 too (a LoRA
         checkpoint's base lives elsewhere; its change shows only there)."""
-        from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
-        from meshlm.data.posttrain.templates import chat_template_for
-        from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
-        from meshlm.tokenizer import MeshTokenizer
-
         folder = verify_files(entry)
         model, cfg, _, ckpt = model_from_checkpoint(folder, device)
         actual = weights_sha256(model)
@@ -229,8 +228,6 @@ class AdapterBackend:
     @classmethod
     def load(cls, entry: ModelVersion, base: LocalBackend) -> AdapterBackend:
         """Verify the adapter's files and weights against the registry, then load its tensors into a slot."""
-        from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
-
         if entry.adapter is None or entry.adapter.get("base_weights_sha256") is None:
             raise CheckpointError(f"{entry.ref}: not an adapter version")
         folder = verify_files(entry)

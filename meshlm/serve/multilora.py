@@ -20,6 +20,8 @@ import threading
 import torch
 from torch import nn
 
+from meshlm.models.lora import lora_modules
+
 
 class MultiLoRALinear(nn.Module):
     """A base projection with per-row adapters (see the module docstring)."""
@@ -122,7 +124,5 @@ class AdapterBank:
 
 def lora_tensors(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """A loaded LoRA model's adapters: module name -> (A, B scaled by alpha / r)."""
-    from meshlm.models.lora import lora_modules
-
     return {name: (m.lora_A.detach().clone(), (m.lora_B.detach().float() * m.scaling).to(m.lora_B.dtype))
             for name, m in lora_modules(model).items()}

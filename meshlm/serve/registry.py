@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from meshlm.errors import CheckpointError, ConfigError, UserError
+from meshlm.fileio import sha256_file
+from meshlm.sections import to_dict
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _REF = re.compile(r"^(?P<name>[^:]+):v?(?P<version>\d+)$")
@@ -163,7 +165,6 @@ class Registry:
     def add_checkpoint(self, checkpoint: str | Path, name: str, report: str | Path | None = None) -> ModelVersion:
         """Register a checkpoint (a run directory's newest valid one, or a step folder) as the next NAME:vN."""
         from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint, weights_sha256
-        from meshlm.sections import to_dict
 
         check_name(name)
         ckpt = resolve_checkpoint(checkpoint).resolve()  # verifies every file against the manifest
@@ -183,7 +184,6 @@ class Registry:
         from types import SimpleNamespace
 
         from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint, weights_sha256
-        from meshlm.sections import to_dict
         from meshlm.models.lora import lora_modules
 
         check_name(name)
@@ -298,8 +298,6 @@ def verify_files(entry: ModelVersion) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    from meshlm.fileio import sha256_file
-
     return sha256_file(path)
 
 

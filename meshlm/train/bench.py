@@ -10,12 +10,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from meshlm.checkpoint.load import model_from_checkpoint
 from meshlm.config.schema import OptimizerConfig, ParallelConfig, TrainingConfig
 from meshlm.distributed.engine import Engine
 from meshlm.errors import ConfigError
+from meshlm.generate.bench import hf_model_from
 from meshlm.models import build_model, flavor_config
 from meshlm.models.config import ModelConfig
-from meshlm.models.lora import HF_TARGETS, TARGETS, apply_lora, reset_lora_parameters
+from meshlm.models.lora import HF_TARGETS, TARGETS, apply_lora, lora_modules, reset_lora_parameters
 from meshlm.objectives import NextTokenObjective
 from meshlm.train.flops import model_flops_per_token, peak_flops
 from meshlm.train.optim import build_optimizer
@@ -126,8 +128,6 @@ def _base_model(flavor: str, checkpoint: str | None, seq: int, dev: torch.device
         cfg = flavor_config(flavor)
         cfg.max_seq_len = max(cfg.max_seq_len, seq)
         return build_model(cfg, dev, seed=0)
-    from meshlm.checkpoint.load import model_from_checkpoint
-    from meshlm.models.lora import lora_modules
 
     model = model_from_checkpoint(checkpoint, dev)[0]
     if lora_modules(model):
@@ -160,8 +160,6 @@ def _hf_step(base: nn.Module, data: dict, compile: bool, precision: str, dev: to
              lora: tuple[int, tuple[str, ...], float] | None = None) -> Callable[[], None]:
     """The same architecture and weights in transformers (LlamaForCausalLM for the Llama flavours; PEFT's LoRA on
     the same targets with ``lora``), the same optimizer, HF's own loss path, same process."""
-    from meshlm.generate.bench import hf_model_from
-
     model = hf_model_from(base).train()
     if lora is not None:
         model = _peft(model, *lora)
