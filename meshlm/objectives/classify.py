@@ -13,8 +13,6 @@ train through it with the classes refuse / warn / answer.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,14 +20,13 @@ from torch import nn
 from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.errors import ConfigError
 from meshlm.objectives.base import MetricSums, Objective
+from meshlm.objectives.reward import replace_head
 
 
 def add_class_head(model: nn.Module, num_classes: int) -> None:
     """Replace ``output`` (dim -> V) by an untied (dim -> num_classes) head with a bias; on the meta model before
     parallelism, or on a built one (loading a saved classifier)."""
-    model.cfg = dataclasses.replace(model.cfg, tie_embeddings=False)  # tie_weights() must not restore the V head
-    weight = model.output.weight
-    model.output = nn.Linear(model.cfg.dim, num_classes, bias=True, device=weight.device, dtype=weight.dtype)
+    replace_head(model, num_classes, bias=True)
 
 
 def last_token_logits(model: nn.Module, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

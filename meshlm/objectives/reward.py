@@ -20,11 +20,17 @@ from meshlm.objectives.base import MetricSums, Objective, pairs_to_rows
 from meshlm.objectives.losses import bradley_terry_loss, last_token_scores, split_pairs
 
 
-def add_score_head(model: nn.Module) -> None:
-    """Replace ``output`` (dim -> V) by an untied (dim -> 1) head; on the meta model, before parallelism."""
+def replace_head(model: nn.Module, outputs: int, bias: bool) -> None:
+    """Replace ``output`` (dim -> V) by an untied (dim -> outputs) head, on ``output``'s device and dtype (the meta
+    model before parallelism, or a built one)."""
     model.cfg = dataclasses.replace(model.cfg, tie_embeddings=False)  # tie_weights() must not restore the V head
     weight = model.output.weight
-    model.output = nn.Linear(model.cfg.dim, 1, bias=False, device=weight.device, dtype=weight.dtype)
+    model.output = nn.Linear(model.cfg.dim, outputs, bias=bias, device=weight.device, dtype=weight.dtype)
+
+
+def add_score_head(model: nn.Module) -> None:
+    """Replace ``output`` by an untied (dim -> 1) head without a bias; on the meta model, before parallelism."""
+    replace_head(model, 1, bias=False)
 
 
 def sequence_scores(model: nn.Module, rows: dict[str, torch.Tensor]) -> torch.Tensor:
