@@ -9,6 +9,16 @@ import pytest
 
 from helpers import once_per_session
 
+# Modules whose tests read what earlier tests of the module did (a module-scoped server whose audit log the last
+# test checks) must run whole on one xdist worker. `--dist worksteal` gives each worker a contiguous half of the
+# collection and, when one runs dry, moves tests from the *end* of the other's queue; the first tests of a queue
+# are running by then. So these modules go first in the collection, where no steal can split them.
+ONE_WORKER_MODULES = ("test_serve.py",)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    items.sort(key=lambda item: item.path.name not in ONE_WORKER_MODULES)  # stable: the order within is kept
+
 
 @pytest.fixture(scope="session", autouse=True)
 def meshlm_cache(tmp_path_factory) -> Path:
