@@ -201,7 +201,7 @@ def test_align_config_checks_the_judge_and_families_against_the_registries():
     from meshlm.safety.align_config import load_align_config
 
     assert load_align_config(None, ["eval.judge=encoder:some/dir"]).eval.judge == "encoder:some/dir"  # not loaded
-    with pytest.raises(ConfigError, match=r"eval.judge = 'regex': expected rule \| encoder:DIR"):
+    with pytest.raises(ConfigError, match=r"eval.judge = 'regex': expected rule \| encoder\[:DIR\]"):
         load_align_config(None, ["eval.judge=regex"])
     with pytest.raises(ConfigError, match="redteam.families: unknown family 'telepathy'"):
         load_align_config(None, ['redteam.families=["roleplay", "telepathy"]'])
