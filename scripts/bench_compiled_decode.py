@@ -26,7 +26,7 @@ w = ff.weights(1)
 cfg = ff.cfg
 H, Hkv, Dh, L = w.n_heads, w.n_kv_heads, w.head_dim, len(w.layers)
 SMAX, P, N = 128, 32, 48
-prompt = torch.randint(0, 49152, (1, P), generator=torch.Generator().manual_seed(0))
+prompt = torch.randint(0, w.embedding.shape[0], (1, P), generator=torch.Generator().manual_seed(0))
 
 def static_step(tok, pos, mask, cos, sin, ks, vs):
     x = F.embedding(tok, w.embedding).view(1, -1)

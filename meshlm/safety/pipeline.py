@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from meshlm.errors import CheckpointError
+from meshlm.errors import CheckpointError, ConfigError
 from meshlm.fileio import atomic_write_text
 from meshlm.safety.align_config import AlignConfig, lora_table
 
@@ -60,13 +60,40 @@ def _train(raw: dict[str, Any], run_dir: Path, resume: bool, log: Log) -> Path:
 
     cfg = build_config(inherit_init_from(raw))  # the model's shape from checkpoint.init_from (SFT, DPO)
     final = run_dir / "checkpoints" / f"step-{cfg.training.steps:08d}"
+    toml = config_to_toml(cfg)
     if resume and final.is_dir():
+        _check_reusable(run_dir, final, toml)
         log(f"{run_dir.name}: complete, reused ({final})")
         return run_dir
-    init_run_dir(run_dir, config_to_toml(cfg), resume=resume)
+    init_run_dir(run_dir, toml, resume=resume)
     Trainer(cfg, run_dir, resume=resume, callbacks=run_callbacks(cfg)).train()
     plot_loss(run_dir)
     return run_dir
+
+
+def _check_reusable(run_dir: Path, final: Path, toml: str) -> None:
+    """A finished stage is reused on resume only if it was trained as this run asks (its resolved config is the
+    same but for the paths into the run directory, which move with it; and it is not a LoRA merge where every
+    weight is to train): a stage trained otherwise, and everything made from it, would be reported under settings
+    it never had."""
+    import tomllib
+
+    from meshlm.checkpoint.manager import read_train_state
+
+    def settings(text: str) -> dict:
+        table = tomllib.loads(text)
+        table.get("data", {}).pop("path", None)
+        table.get("checkpoint", {}).pop("init_from", None)
+        return table
+
+    saved = run_dir / "config.resolved.toml"
+    merged = read_train_state(final).get("merged_from")
+    if merged or not saved.is_file() or settings(saved.read_text(encoding="utf-8")) != settings(toml):
+        why = (f"holds LoRA adapters merged from {merged}, and this run trains every weight" if merged else
+               "was trained with another configuration than this run asks (a changed "
+               f"{run_dir.name.removesuffix('-lora')}.* key?)")
+        raise ConfigError(f"--resume: the finished stage {run_dir} {why}; resume with the same settings, or use a "
+                          f"new --run-dir (or delete {run_dir} and the stages and eval/ results after it)")
 
 
 def _train_stage(raw: dict[str, Any], lora: dict[str, Any], run_dir: Path, resume: bool, log: Log) -> Path:
@@ -111,19 +138,20 @@ def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, j
                                     batch_size=cfg.eval.batch_size)
 
     return _generated_file("self-distilled SFT rows", data / "sft_self.jsonl", data / "self_distill.json", base, cfg,
-                           resume, log, write)
+                           resume, log, write, judge.name)
 
 
 def _generated_file(what: str, out: Path, summary: Path, model: Path, cfg: AlignConfig, resume: bool, log: Log,
-                    write: Callable[[Path, Callable], dict]) -> Path:
-    """A data file made from ``model``'s answers by ``write(out, generate) -> counts``; its counts go to
-    ``summary``; both are reused when resuming."""
+                    write: Callable[[Path, Callable], dict], judge: str) -> Path:
+    """A data file made from ``model``'s answers by ``write(out, generate) -> counts``, labelled by the judge
+    named ``judge``; its counts and that name go to ``summary`` (and so to the report); both are reused when
+    resuming, whatever the judge then (the stages after them trained on these labels)."""
     from meshlm.safety.evaluate import checkpoint_generator
 
     if resume and out.is_file() and summary.is_file():
         log(f"{what}: reused {out}")
         return out
-    counts = write(out, checkpoint_generator(model, max_new_tokens=cfg.eval.max_new_tokens))
+    counts = {"judge": judge, **write(out, checkpoint_generator(model, max_new_tokens=cfg.eval.max_new_tokens))}
     atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
     log(f"{what}: {counts}")
     return out
@@ -153,7 +181,7 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
                                            probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
 
     return _generated_file("on-policy pairs", data / "preference_on_policy.jsonl", data / "on_policy.json", sft, cfg,
-                           resume, log, write)
+                           resume, log, write, judge.name)
 
 
 def _probes(cfg: AlignConfig, data: Path) -> list[dict]:
@@ -272,7 +300,8 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
         raise CheckpointError(f"run directory '{run_dir}' is not empty; pass --resume auto to continue it or "
                               "choose another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "align.resolved.toml", cfg.to_toml())
+    if not resume:  # a resume writes it once its stages are found or trained as it asks (_check_reusable)
+        atomic_write_text(run_dir / "align.resolved.toml", cfg.to_toml())
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     data = run_dir / "data"
@@ -303,6 +332,8 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
         t = time.perf_counter()
         checkpoints["dpo"] = train_dpo(cfg, data, checkpoints["sft"], run_dir / "dpo", resume, log, pairs)
         timings["dpo_s"] = time.perf_counter() - t
+    if resume:
+        atomic_write_text(run_dir / "align.resolved.toml", cfg.to_toml())
     t = time.perf_counter()
     sets = evaluation_sets(cfg, data)
     final = "dpo" if cfg.dpo.enabled else "sft"

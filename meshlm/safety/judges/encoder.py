@@ -56,7 +56,7 @@ class EncoderJudge(Judge):
 
         epochs = 3 if options.get("epochs") is None else options["epochs"]
         rank = options.get("adapter_rank") or 0
-        lr = options.get("lr") or (5e-4 if rank else 5e-5)
+        lr = options["lr"] if options.get("lr") is not None else (5e-4 if rank else 5e-5)
         for flag, value, ok, need in (("--epochs", epochs, epochs >= 1, ">= 1"), ("--adapter-rank", rank, rank >= 0,
                                        ">= 0"), ("--lr", lr, lr > 0, "> 0")):
             if not ok:
