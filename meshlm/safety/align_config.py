@@ -119,7 +119,7 @@ class DPOSection:
     beta: float = option(0.5, "DPO beta (larger keeps the policy closer to the SFT model).")
     loss_type: str = option("sigmoid", "objective.loss_type of the DPO run.",
                             choices=("sigmoid", "ipo", "hinge", "simpo", "orpo"))
-    on_policy_prompts: int = option(800, "Training prompts answered by the SFT model; its answers the rule judge labels "
+    on_policy_prompts: int = option(800, "Training prompts answered by the SFT model; its answers eval.judge labels "
                                     "against the policy become the rejected side of pairs (0: offline pairs only).")
     offline_pairs: int = option(300, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
     on_policy_exclude: list[str] = option(["answer>warn"], "On-policy label pairs (chosen>rejected, e.g. answer>warn) left out of "
