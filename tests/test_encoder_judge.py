@@ -109,8 +109,9 @@ def test_encoder_folder_errors(tmp_path, tiny_encoder):
 def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
     rows = _rows()
     cfg = EncoderJudgeConfig(epochs=6, batch_size=8, lr=1e-3, head_lr=1e-2, warmup_steps=2, max_len=32)
-    untrained = EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(epochs=1, batch_size=8, lr=0.0,
-                                                                          head_lr=0.0, max_len=32))
+    # untrained: a rate too small to move a weight (the Trainer's optimizer.lr must be positive)
+    untrained = EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(epochs=1, batch_size=8, lr=1e-12,
+                                                                          head_lr=1e-12, max_len=32))
     judge = EncoderClassifier.train(rows, tiny_encoder, cfg)
     stats = judge.meta["training"]
     assert stats["steps"] == 6 * len(rows) // 8 and stats["rows"] == len(rows)

@@ -93,3 +93,86 @@ def test_labelled_rows_and_classes_are_checked(tmp_path):
         read_rows(bad)
     with pytest.raises(ConfigError, match="needs objective.classes"):
         build_objective("classify")
+
+
+class _PairTokens:
+    """A word-level pair tokenizer (what PairLoader asks of a tokenizer): ids, mask and token types."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {"[pad]": 0}
+
+    def batch(self, firsts, seconds, max_len):
+        encoded = []
+        for first, second in zip(firsts, seconds):
+            words = [(w, 0) for w in first.split()] + [(w, 1) for w in second.split()]
+            encoded.append([(self.vocab.setdefault(w, len(self.vocab)), t) for w, t in words][:max_len])
+        width = max(len(e) for e in encoded)
+        out = {k: torch.zeros(len(encoded), width, dtype=torch.long) for k in ("ids", "mask", "type_ids")}
+        for row, e in enumerate(encoded):
+            out["ids"][row, :len(e)] = torch.tensor([i for i, _ in e])
+            out["type_ids"][row, :len(e)] = torch.tensor([t for _, t in e])
+            out["mask"][row, :len(e)] = 1
+        return out
+
+
+class _BagOfWords(torch.nn.Module):
+    """A pair classifier that is no decoder: mean of word vectors over real tokens, then the head ``output``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.words, self.output = torch.nn.Embedding(256, 16), torch.nn.Linear(16, len(CLASSES))
+
+    def forward(self, ids, mask, type_ids):
+        vectors = self.words(ids) * (mask * type_ids).unsqueeze(-1)  # the response's words
+        return self.output(vectors.sum(1) / (mask * type_ids).sum(1, keepdim=True).clamp(min=1))
+
+
+def _given(tmp_path, *extra: str):
+    from meshlm.data.posttrain.labelled import PairLoader
+    from meshlm.train.data_setup import PostTrainData
+
+    tokens = _PairTokens()
+    pairs = [(r["prompt"], r["response"], CLASSES.index(r["label"])) for r in toy_rows() if "response" in r]
+    data = PostTrainData(tokenizer=tokens, tokenizer_dir=tmp_path, eval_loader=None,
+                         train_loader=PairLoader(pairs, tokens, 32, 8, seed=0))
+    cfg = load_config(None, ["training.objective=classify", f"objective.classes={json.dumps(CLASSES)}",
+                             "training.batch_size=8", "training.steps=30", "training.eval_interval=0",
+                             "training.device=cpu", "checkpoint.enabled=false", "metrics.interval=1",
+                             "metrics.tensorboard=false", "metrics.progress=plain", "optimizer.lr=1e-2",
+                             "schedule.name=constant", "schedule.warmup_steps=0", *extra])
+    init_run_dir(tmp_path / "run", config_to_toml(cfg), resume=False)
+    torch.manual_seed(0)
+    model = _BagOfWords()
+    return Trainer(cfg, tmp_path / "run", model=model, data=data), model, pairs, tokens
+
+
+def test_a_given_model_trains_on_its_own_pair_batches(tmp_path):
+    """A model that is no [model] decoder (the encoder judge's case) trains through the one Trainer on batches of
+    tokenized pairs; its head, a new module of the objective, runs at optimizer.new_modules_lr."""
+    trainer, model, pairs, tokens = _given(tmp_path, "optimizer.new_modules_lr=5e-2")
+    assert trainer.model is model and "given _BagOfWords" in trainer.describe()
+    head = {id(p) for p in model.output.parameters()}
+    scales = {id(p): g["lr_scale"] for g in trainer.optimizers[0].param_groups for p in g["params"]}
+    assert {scales[i] for i in head} == {5.0} and {s for i, s in scales.items() if i not in head} == {1.0}
+    batch = trainer.train_loader.next_batch()
+    trainer.train_loader.reset()
+    assert set(batch) == {"input_ids", "mask", "type_ids", "class_ids"} and batch["input_ids"].shape[0] == 8
+    with torch.no_grad():
+        by_hand = torch.nn.functional.cross_entropy(model(batch["input_ids"], batch["mask"], batch["type_ids"]),
+                                                    batch["class_ids"])
+    first = trainer.train_step()
+    assert float(first["loss"]) == pytest.approx(float(by_hand), rel=1e-5)
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == [1e-2 * g["lr_scale"]
+                                                                      for g in trainer.optimizers[0].param_groups]
+    trainer.train()
+    enc = tokens.batch([p for p, _, _ in pairs], [r for _, r, _ in pairs], 32)
+    with torch.no_grad():
+        predicted = model(enc["ids"], enc["mask"], enc["type_ids"]).argmax(-1)
+    assert predicted.tolist() == [c for _, _, c in pairs]  # three sounds: learned exactly
+
+
+def test_a_given_model_refuses_what_it_cannot_have(tmp_path):
+    with pytest.raises(ConfigError, match="remove lora keys, checkpoint.init_from"):
+        _given(tmp_path, "lora.rank=4", f'checkpoint.init_from="{tmp_path}"')
+    with pytest.raises(ConfigError, match="optimizer.new_modules_lr must be >= 0"):
+        load_config(None, ["optimizer.new_modules_lr=-1"])

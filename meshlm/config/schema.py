@@ -36,10 +36,15 @@ class OptimizerConfig:
     beta1: float = option(0.9, "Adam beta1.")
     beta2: float = option(0.95, "Adam beta2.")
     eps: float = option(1e-8, "Adam epsilon.")
+    new_modules_lr: float = option(0.0, "Peak learning rate of the modules the objective adds and trains from "
+                                        "scratch (the class head of classify, the score head of reward); the "
+                                        "schedule scales it as it scales lr. 0: optimizer.lr.")
 
     def validate(self) -> None:
         if self.lr <= 0:
             raise ConfigError(f"optimizer.lr must be positive, got {self.lr}")
+        if self.new_modules_lr < 0:
+            raise ConfigError(f"optimizer.new_modules_lr must be >= 0 (0: optimizer.lr), got {self.new_modules_lr}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ConfigError("optimizer.beta1 and optimizer.beta2 must be in [0, 1)")
         if self.weight_decay < 0 or self.eps <= 0:

@@ -8,7 +8,9 @@ its eos). The data are labelled rows ``{"prompt", "response", "label"}`` (data/p
 summed over the batch's inputs; the trainer divides by the global number of inputs. Metric: ``accuracy``
 (``eval_accuracy`` on held-out rows). ``checkpoint.init_from`` loads every weight but the head, which starts
 fresh (normal(0, init_std), bias 0). The safety classifiers (safety/classifier.py: the trained judge, the guard)
-train through it with the classes refuse / warn / answer.
+train through it with the classes refuse / warn / answer. So does the encoder judge (safety/encoder_judge.py),
+whose model is no decoder: it gives the Trainer its built encoder and class head, and batches of tokenized
+(prompt, response) pairs that the model pools and classifies itself (:func:`class_logits`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ def last_token_logits(model: nn.Module, input_ids: torch.Tensor, lengths: torch.
     return out[torch.arange(input_ids.shape[0], device=out.device), lengths - 1].float()  # (B, C)
 
 
+def class_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, C) fp32 class logits of a batch: a decoder's at each input's last real token (``input_ids``,
+    ``lengths``), or an encoder pair classifier's (``input_ids``, ``mask``, ``type_ids``: the model pools and
+    classifies; data/posttrain/labelled.py :class:`PairLoader`)."""
+    if "type_ids" in batch:
+        return model(batch["input_ids"], batch["mask"], batch["type_ids"]).float()
+    return last_token_logits(model, batch["input_ids"], batch["lengths"])
+
+
 class ClassifyObjective(Objective):
     name = "classify"
     data_kind = "labelled"
@@ -58,7 +69,7 @@ class ClassifyObjective(Objective):
         return torch.tensor(batch["input_ids"].shape[0], device=batch["input_ids"].device)  # inputs
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = last_token_logits(model, batch["input_ids"], batch["lengths"])  # (B, C)
+        logits = class_logits(model, batch)  # (B, C)
         prefix = "" if model.training else "eval_"
         self._metrics.add(prefix + "accuracy", (logits.argmax(-1) == batch["class_ids"]).float())
         return F.cross_entropy(logits, batch["class_ids"], reduction="sum")

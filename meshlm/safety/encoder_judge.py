@@ -25,25 +25,42 @@ judge works without a first-use training.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import random
+import tempfile
 import time
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
+from meshlm.config.loader import build_config, config_to_toml
+from meshlm.data.posttrain.labelled import PairLoader
 from meshlm.errors import DataError, UserError
 from meshlm.fileio import sha256_file
+from meshlm.interop.hf_files import atomic_folder, check_output
 from meshlm.models.encoder import EncoderTokenizer, TextEncoder
+from meshlm.models.lora import add_lora, merge_lora, reset_lora_parameters
 from meshlm.safety import evalsets
+from meshlm.safety.datasets import labelled_rows
+from meshlm.safety.spec import load_spec
+from meshlm.safety.synth import synthesize
 from meshlm.safety.taxonomy import POLICIES as LABELS  # the head's classes: unclear is labelled before it
 from meshlm.safety.taxonomy import UNCLEAR
+from meshlm.train.callbacks import TrainerCallback
+from meshlm.train.data_setup import PostTrainData
+from meshlm.train.run_dir import init_run_dir
+from meshlm.train.trainer import Trainer
 
 FORMAT_VERSION = 1
 DATA = Path(__file__).parent / "data"
@@ -88,10 +105,6 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
     """``n`` labelled responses drawn (seeded) from the embedded spec's synthesis — chosen and rejected responses
     of every category, as ``meshlm align data`` writes labelled_responses.jsonl. A few hundred keep the judge right
     on outputs of models trained on that synthesis."""
-    from meshlm.safety.datasets import labelled_rows
-    from meshlm.safety.spec import load_spec
-    from meshlm.safety.synth import synthesize
-
     if n < 0:
         raise UserError(f"synthetic:{n}: the number of rows must be >= 0")
     rows = [row for ex in synthesize(load_spec(None), seed) for row in labelled_rows(ex)]
@@ -108,8 +121,6 @@ def resolve_encoder(spec: str | Path) -> Path:
             raise UserError(f"--encoder {spec}: no such folder (give a BERT folder with config.json, "
                             f"model.safetensors and tokenizer.json, or '{MINILM}')")
         return folder
-    import importlib.util
-
     found = importlib.util.find_spec(MINILM_PACKAGE)  # located, not imported (the package prints on import)
     if found is None or not found.submodule_search_locations:
         raise UserError(f"--encoder {MINILM}: the package {MINILM_PIP} is not installed; install it with "
@@ -119,8 +130,6 @@ def resolve_encoder(spec: str | Path) -> Path:
         raise UserError(f"--encoder {MINILM}: {archive} is missing; reinstall {MINILM_PIP}")
     target = Path(os.environ.get("MESHLM_CACHE", Path.home() / ".cache" / "meshlm")) / "encoders" / "all-MiniLM-L6-v2"
     if not (target / "model.safetensors").is_file():
-        from meshlm.interop.hf_files import atomic_folder
-
         with atomic_folder(target) as tmp, zipfile.ZipFile(archive) as zf:  # whole folder or nothing
             zf.extractall(tmp)
             os.chmod(tmp, _umask_mode(0o777))  # the temp folder is private; the cache is not
@@ -130,8 +139,6 @@ def resolve_encoder(spec: str | Path) -> Path:
 def adapt_encoder(encoder: TextEncoder, rank: int, alpha: float, seed: int = 0) -> dict:
     """Freeze ``encoder`` but LoRA adapters (drawn from ``seed``; B = 0, so the encoder is unchanged) on every
     layer's linears and its LayerNorms; the ``adapter`` record of judge.json (the base is added by the caller)."""
-    from meshlm.models.lora import add_lora, reset_lora_parameters
-
     if rank < 1:
         raise UserError(f"adapter rank must be >= 1, got {rank}")
     encoder.requires_grad_(False)
@@ -161,8 +168,6 @@ def _adapter_base(adapter, meta_path: Path) -> Path:
 
 def _load_adapter(encoder: TextEncoder, adapter: dict, f, names: set[str], weights: Path) -> None:
     """The adapters and LayerNorms of ``f`` into ``encoder`` (adapted like at training), then merged."""
-    from meshlm.models.lora import merge_lora
-
     rank, alpha = adapter.get("rank"), adapter.get("alpha")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 or not isinstance(alpha, (int, float)) \
             or adapter.get("targets") != list(ADAPTED):
@@ -193,12 +198,58 @@ def _umask_mode(mode: int) -> int:
 def check_out_folder(folder: Path, source: Path | None) -> None:
     """Where a judge may be saved (it replaces the folder whole): an absent or empty folder, or one that holds an
     encoder judge — not a file, and neither the encoder it starts from nor a folder containing it."""
-    from meshlm.interop.hf_files import check_output
-
     if folder.is_dir() and any(folder.iterdir()) and not (folder / "judge.json").is_file():
         raise DataError(f"--out {folder} is not empty and holds no encoder judge; give a new or empty folder "
                         "(saving replaces the whole folder)")
     check_output(folder, overwrite=True, sources=[source] if source is not None else [])
+
+
+class PairClassifier(nn.Module):
+    """The encoder judge's model as the Trainer trains it: the encoder, mean-pooled over real tokens, then the
+    class head ``output`` (the classify objective's new module: it trains at ``optimizer.new_modules_lr``)."""
+
+    def __init__(self, encoder: TextEncoder, head: nn.Linear) -> None:
+        super().__init__()
+        self.encoder, self.output = encoder, head
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, type_ids: torch.Tensor) -> torch.Tensor:
+        return self.output(TextEncoder.pool(self.encoder(ids, mask, type_ids), mask))
+
+
+def _job(cfg: EncoderJudgeConfig, steps: int):
+    """The Trainer's config for the recipe of :class:`EncoderJudgeConfig`: the classify objective over refuse /
+    warn / answer; AdamW (β 0.9 / 0.999, weight decay on matrices only) at ``lr``, the head at ``head_lr``; a
+    linear warm-up over ``warmup_steps``, then a linear decay to 0 at the last step; no clipping; fp32 on the CPU;
+    no checkpoints and no held-out split (the judge is saved by :meth:`EncoderClassifier.save`)."""
+    return build_config({
+        "data": {"seq_len": cfg.max_len},
+        "model": {"max_seq_len": max(cfg.max_len, 256)},  # unused (the Trainer is given the model); kept valid
+        "optimizer": {"lr": cfg.lr, "new_modules_lr": cfg.head_lr, "weight_decay": cfg.weight_decay,
+                      "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+        "schedule": {"name": "wsd", "warmup_steps": cfg.warmup_steps, "min_lr_ratio": 0.0, "decay_fraction": 1.0},
+        "training": {"objective": "classify", "steps": steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
+                     "precision": "fp32", "device": "cpu", "max_grad_norm": 0.0, "eval_interval": 0},
+        "checkpoint": {"enabled": False},
+        "metrics": {"interval": 50, "tensorboard": False, "progress": "plain"},
+        "objective": {"classes": list(LABELS), "eval_fraction": 0.0},
+    })
+
+
+class _Progress(TrainerCallback):
+    """Each step's loss; ``log`` hears the mean of the last 50 every 50 steps and at the end."""
+
+    def __init__(self, total: int, log: Callable[[str], None] | None) -> None:
+        self.total, self.log, self.losses, self.start = total, log, [], time.perf_counter()
+
+    def on_step_end(self, view: Any, record: dict[str, Any]) -> None:
+        self.losses.append(float(record["loss"]))
+        step = len(self.losses)
+        if self.log and (step % 50 == 0 or step == self.total):
+            self.log(f"step {step}/{self.total} loss {self.recent():.3f} {time.perf_counter() - self.start:.0f} s")
+
+    def recent(self) -> float:
+        tail = self.losses[-50:]
+        return sum(tail) / len(tail)
 
 
 class EncoderClassifier:
@@ -257,38 +308,19 @@ class EncoderClassifier:
             base = MINILM if str(encoder) == MINILM else str(folder.resolve())  # found again from any directory
             meta["adapter"].update(base=base, base_sha256=sha256_file(folder / "model.safetensors"))
         judge = cls(enc, tok, head, meta)
-        trainable = [p for p in enc.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW([{"params": trainable, "lr": cfg.lr},
-                                 {"params": head.parameters(), "lr": cfg.head_lr}], weight_decay=cfg.weight_decay)
-        per_epoch = len(rows) // cfg.batch_size
-        total = cfg.epochs * per_epoch
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * max(0.0, 1.0 - s / total))
-        rng = random.Random(cfg.seed)
-        targets = {lab: i for i, lab in enumerate(LABELS)}
-        start, step, losses = time.perf_counter(), 0, []
-        enc.train()
-        head.train()
-        for epoch in range(cfg.epochs):
-            order = list(rows)
-            rng.shuffle(order)
-            for i in range(per_epoch):
-                chunk = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-                batch = judge._batch([r.get("prompt", "") for r in chunk], [r["response"] for r in chunk])
-                loss = F.cross_entropy(judge._logits(batch), torch.tensor([targets[r["label"]] for r in chunk]))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                step += 1
-                losses.append(loss.item())
-                if log and (step % 50 == 0 or step == total):
-                    recent = sum(losses[-50:]) / len(losses[-50:])
-                    log(f"step {step}/{total} (epoch {epoch + 1}) loss {recent:.3f} "
-                        f"{time.perf_counter() - start:.0f} s")
+        steps = cfg.epochs * (len(rows) // cfg.batch_size)
+        pairs = [(str(r.get("prompt") or ""), r["response"], LABELS.index(r["label"])) for r in rows]
+        data = PostTrainData(tokenizer=tok, tokenizer_dir=folder, train_loader=PairLoader(
+            pairs, tok, cfg.max_len, cfg.batch_size, seed=cfg.seed), eval_loader=None)
+        losses, start = _Progress(steps, log), time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="meshlm-encoder-judge-") as tmp:
+            job = _job(cfg, steps)
+            with contextlib.redirect_stdout(io.StringIO()):  # the run's log lines; _Progress reports
+                init_run_dir(Path(tmp) / "run", config_to_toml(job), resume=False)
+                Trainer(job, Path(tmp) / "run", callbacks=[losses], model=PairClassifier(enc, head), data=data).train()
         predicted = judge.predict([r.get("prompt", "") for r in rows], [r["response"] for r in rows])
-        meta["training"] = {"rows": len(rows), "steps": step, "seconds": round(time.perf_counter() - start, 1),
-                            "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4),
+        meta["training"] = {"rows": len(rows), "steps": steps, "seconds": round(time.perf_counter() - start, 1),
+                            "final_loss": round(losses.recent(), 4),
                             "train_accuracy": sum(p == r["label"] for p, r in zip(predicted, rows)) / len(rows)}
         return judge
 
@@ -296,10 +328,6 @@ class EncoderClassifier:
     def save(self, folder: str | Path) -> Path:
         """Write the judge into a temp folder beside ``folder`` and swap it in whole: an interrupted save leaves
         the old folder (or none), never a mix."""
-        from safetensors.torch import save_file
-
-        from meshlm.interop.hf_files import atomic_folder
-
         folder = Path(folder)
         source = self.meta.get("encoder", {}).get("folder")
         check_out_folder(folder, Path(source) if source else None)
@@ -328,8 +356,6 @@ class EncoderClassifier:
 
     @classmethod
     def load(cls, folder: str | Path) -> "EncoderClassifier":
-        from safetensors import safe_open
-
         folder = Path(folder)
         meta_path = folder / "judge.json"
         if not folder.is_dir():

@@ -6,6 +6,7 @@ import os
 import time
 
 import torch
+from torch import nn
 
 from meshlm.models.config import ModelConfig
 
@@ -26,6 +27,17 @@ def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
         matmul_params += cfg.vocab_size * cfg.dim
     attn = 12 * cfg.n_layers * cfg.n_heads * cfg.resolved_head_dim * seq_len
     return 6.0 * matmul_params + attn
+
+
+def module_flops_per_token(model: nn.Module) -> float:
+    """Training FLOPs per position of a module not described by a ModelConfig (a model given to the Trainer),
+    counted from its matrix weights alone (embedding tables excluded, no attention term): 2 per weight for the
+    forward pass and 2 for the backward pass's input gradient, plus 2 for the weight gradient of trainable
+    weights (6 per weight when all train, as model_flops_per_token counts). The trainer multiplies it by its
+    loss-token count; a classifier counts inputs, not positions, so the MFU it reports is a lower bound."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    weights = [p for p in model.parameters() if p.ndim >= 2 and id(p) not in tables]
+    return float(sum(4 * p.numel() + (2 * p.numel() if p.requires_grad else 0) for p in weights))
 
 
 def measure_cpu_matmul_peak(precision: str = "fp32", seconds: float = 0.5, n: int = 1024) -> float:

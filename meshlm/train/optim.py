@@ -6,19 +6,25 @@ import torch
 from torch import nn
 
 from meshlm.config.schema import OptimizerConfig
+from meshlm.models.init import canonical_name
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on 2D+ weights (linears, embeddings); none on norms and biases."""
-    decay, no_decay = [], []
-    for _, param in model.named_parameters():
+def param_groups(model: nn.Module, weight_decay: float, new_modules: tuple[str, ...] = (),
+                 new_lr_scale: float = 1.0) -> list[dict]:
+    """Weight decay on 2D+ weights (linears, embeddings); none on norms and biases. With ``new_lr_scale`` != 1
+    the parameters under ``new_modules`` (an objective's fresh head) form groups of their own whose ``lr_scale``
+    the trainer multiplies the scheduled rate by; otherwise every group's scale is 1 (and the groups are the two
+    above, as checkpoints written before this option hold them)."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+        new = new_lr_scale != 1.0 and any(canonical_name(name).startswith(m + ".") for m in new_modules)
+        groups.setdefault((new, param.ndim >= 2), []).append(param)
+    order = [(False, True), (False, False), (True, True), (True, False)]
+    return [{"params": groups.get(key, []), "weight_decay": weight_decay if key[1] else 0.0,
+             "lr_scale": new_lr_scale if key[0] else 1.0}
+            for key in order if key in groups or key == (False, True)]
 
 
 def implementation_for(device_type: str) -> dict[str, bool]:
@@ -30,7 +36,11 @@ def implementation_for(device_type: str) -> dict[str, bool]:
     return {"fused": fused, "foreach": not fused}
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, new_modules: tuple[str, ...] = ()) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s trainable parameters; ``new_modules`` (the objective's) train at
+    ``optimizer.new_modules_lr`` when it is set."""
     device_type = next(model.parameters()).device.type
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+    scale = cfg.new_modules_lr / cfg.lr if cfg.new_modules_lr else 1.0
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay, new_modules, scale), lr=cfg.lr,
+                             betas=(cfg.beta1, cfg.beta2),
                              eps=cfg.eps, **implementation_for(device_type))

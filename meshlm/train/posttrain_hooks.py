@@ -26,11 +26,13 @@ from meshlm.train.precision import autocast
 
 
 class ObjectiveHooks:
-    def __init__(self, objective: Objective, cfg: JobConfig, engine, micro_batch: int) -> None:
+    def __init__(self, objective: Objective, cfg: JobConfig, engine, micro_batch: int,
+                 data: PostTrainData | None = None) -> None:
+        """``data``: the caller's own (Trainer's ``data``), else opened from ``data.path`` for the data kind."""
         self.objective, self.cfg, self.engine = objective, cfg, engine
         self.data_kind = objective.data_kind
-        self.data: PostTrainData | None = None
-        if self.data_kind != "tokens":
+        self.data: PostTrainData | None = data
+        if data is None and self.data_kind != "tokens":
             self.data = open_posttrain_data(cfg, self.data_kind, engine.dp_rank, engine.dp_size, micro_batch)
         self.lora_base: str | None = None
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from torch import nn
 
 from meshlm.checkpoint.load import resolve_checkpoint
 from meshlm.checkpoint.manager import CheckpointManager, choose_resume_checkpoint, load_weights
@@ -28,7 +29,8 @@ from meshlm.models import meta_model
 from meshlm.objectives import build_objective
 from meshlm.train.callbacks import Callbacks, TrainerCallback, TrainerView, is_out_of_memory
 from meshlm.train.determinism import configure_determinism
-from meshlm.train.flops import model_flops_per_token, peak_flops
+from meshlm.train.data_setup import PostTrainData
+from meshlm.train.flops import model_flops_per_token, module_flops_per_token, peak_flops
 from meshlm.train.metrics import IntervalMemory, MetricsLogger, gather_rank_floats, optimizer_time_from_profile
 from meshlm.train.optim import build_optimizer
 from meshlm.train.posttrain_hooks import ObjectiveHooks
@@ -69,9 +71,16 @@ def host_values(record: dict[str, Any]) -> dict[str, Any]:
 
 class Trainer:
     def __init__(self, cfg: JobConfig, run_dir: Path, *, resume: bool = False, stop_at: int | None = None,
-                 callbacks: Sequence[TrainerCallback] = ()) -> None:
+                 callbacks: Sequence[TrainerCallback] = (), model: nn.Module | None = None,
+                 data: PostTrainData | None = None) -> None:
         """``callbacks``: the run's diagnostics (meshlm/train/callbacks.py); the CLI passes
-        ``meshlm.doctor.callbacks.run_callbacks(cfg)``."""
+        ``meshlm.doctor.callbacks.run_callbacks(cfg)``.
+
+        ``model`` and ``data``: for a library caller whose architecture is not a ``[model]`` decoder (the encoder
+        judge's adapted BERT encoder and class head, safety/encoder_judge.py), a built model and its post-training
+        data (tokenizer and loaders) to train instead of building ``cfg.model`` and opening ``data.path``. Such a
+        model trains as given on one device, its trainable parameters those with ``requires_grad``: no
+        parallelism, no ``lora`` keys, no ``checkpoint.init_from``, no compile or activation checkpointing."""
         self.cfg, self.run_dir, self.stop_at = cfg, Path(run_dir), stop_at
         self.device = resolve_device(cfg.training.device)
         configure_determinism(cfg.training.deterministic, self.device)  # before the first kernel runs
@@ -81,24 +90,19 @@ class Trainer:
         self.micro_batch, self.accum_steps = self._micro_batching()
         self.objective = build_objective(tc.objective, cfg.objective)
         # Post-training objectives (data_kind != "tokens") read JSONL rows; see meshlm/train/posttrain_hooks.py
-        self.hooks = ObjectiveHooks(self.objective, cfg, self.engine, self.micro_batch)
+        self.hooks = ObjectiveHooks(self.objective, cfg, self.engine, self.micro_batch, data=data)
         self.dataset = None if self.hooks.data is not None else checked_on_rank0(
             lambda: open_training_data(cfg.data, cfg.model.vocab_size),  # sha256
             lambda: open_training_data(cfg.data, cfg.model.vocab_size, verify=False))
-        self.engine.dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, self.micro_batch * self.accum_steps)
-        # The model is built on the meta device; the engine splits and shards it, then each rank allocates and
-        # initialises only its own shards, from the seed and each parameter's name (meshlm/models/init.py):
-        # every layout starts from the single-device weights, and no rank ever holds the whole model.
-        torch.manual_seed(tc.seed)  # the global RNG (anything drawn outside the init) starts the same on every rank
-        model = meta_model(cfg.model)
-        self.hooks.adapt_meta_model(model)  # the objective's head, LoRA
-        stage_loss = self.objective.loss_from_logits
-        if self.engine.pipelined and stage_loss is None:
-            raise ConfigError(f"training.objective '{tc.objective}' does not support pipeline parallelism; "
-                              "use parallel.pp=1")
-        self.model_parts = self.engine.parallelize(model, tc, stage_loss,
-                                                   cfg.parallel.microbatches or self.engine.dims.pp)
-        self.optimizers = [build_optimizer(part, cfg.optimizer) for part in self.model_parts]
+        self.given_model = model is not None
+        if model is None:
+            self.model_parts = self._build_model()
+            self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
+        else:
+            self.model_parts = [self._given_model(model)]
+            self.flops_per_token = module_flops_per_token(model)
+        self.optimizers = [build_optimizer(part, cfg.optimizer, self.objective.new_modules)
+                           for part in self.model_parts]
         self.scaler = DynamicLossScaler() if tc.precision == "fp16" else None
         if self.hooks.data is not None:
             self.train_loader, self.eval_loader = self.hooks.data.train_loader, self.hooks.data.eval_loader
@@ -119,12 +123,40 @@ class Trainer:
         resumed = self._resume() if resume else False  # restores each rank's own RNG state
         if cfg.checkpoint.init_from and not resumed and not cfg.lora.enabled:
             self._init_from(cfg.checkpoint.init_from)
-        self.flops_per_token = model_flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_flops, self.peak_source = peak_flops(self.device, tc.precision)
         self.comm_stats: dict[str, Any] = {}
         self._data_wait_s = 0.0  # host seconds spent getting batches in the current logging window
         self.callbacks = Callbacks(callbacks, TrainerView(self))
         self.callbacks.on_init()
+
+    def _build_model(self) -> list[nn.Module]:
+        """``cfg.model`` built on the meta device; the engine splits and shards it, then each rank allocates and
+        initialises only its own shards, from the seed and each parameter's name (meshlm/models/init.py): every
+        layout starts from the single-device weights, and no rank ever holds the whole model."""
+        cfg, tc = self.cfg, self.cfg.training
+        self.engine.dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, self.micro_batch * self.accum_steps)
+        torch.manual_seed(tc.seed)  # the global RNG (anything drawn outside the init) starts the same on every rank
+        model = meta_model(cfg.model)
+        self.hooks.adapt_meta_model(model)  # the objective's head, LoRA
+        stage_loss = self.objective.loss_from_logits
+        if self.engine.pipelined and stage_loss is None:
+            raise ConfigError(f"training.objective '{tc.objective}' does not support pipeline parallelism; "
+                              "use parallel.pp=1")
+        return self.engine.parallelize(model, tc, stage_loss, cfg.parallel.microbatches or self.engine.dims.pp)
+
+    def _given_model(self, model: nn.Module) -> nn.Module:
+        """A caller's built model (see ``__init__``), checked against what it cannot have."""
+        cfg, tc = self.cfg, self.cfg.training
+        refused = [what for what, bad in (
+            (f"a {self.engine.dims.world_size}-rank layout", self.engine.dims.world_size > 1),
+            ("lora keys", cfg.lora.enabled), ("checkpoint.init_from", bool(cfg.checkpoint.init_from)),
+            ("training.compile", tc.compile), ("activation checkpointing", tc.activation_checkpointing != "none"),
+            ("post-training data opened from data.path", self.hooks.data is None)) if bad]
+        if refused:
+            raise ConfigError(f"a model given to the Trainer trains as built on one device with its own data; "
+                              f"remove {', '.join(refused)}")
+        torch.manual_seed(tc.seed)
+        return model.to(self.device)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -275,7 +307,7 @@ class Trainer:
         for optimizer in self.optimizers:
             if not skipped:
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr * group.get("lr_scale", 1.0)  # a new module's own rate (optimizer.new_modules_lr)
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -379,8 +411,13 @@ class Trainer:
 
     def describe(self) -> str:
         mc, tc = self.cfg.model, self.cfg.training
-        params = mc.num_params()
-        return (f"model {mc.flavor}: {params / 1e6:.2f}M params, {mc.n_layers} layers, dim {mc.dim}; "
+        if self.given_model:
+            params = sum(p.numel() for p in self.model.parameters())
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            what = f"given {type(self.model).__name__}: {params / 1e6:.2f}M params, {trainable / 1e6:.2f}M trainable"
+        else:
+            what = f"{mc.flavor}: {mc.num_params() / 1e6:.2f}M params, {mc.n_layers} layers, dim {mc.dim}"
+        return (f"model {what}; "
                 f"batch {tc.batch_size} x {self.cfg.data.seq_len} tokens ({self.accum_steps} micro-step(s) of "
                 f"{self.micro_batch} per rank); layout {self.engine.dims.describe()} "
                 f"(data parallel: {self.engine.describe_data_parallel()}); {tc.precision} on {self.device}; "

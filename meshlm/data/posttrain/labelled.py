@@ -7,12 +7,14 @@ the eos, the last real token. A long input keeps, within ``max_tokens``, the *en
 ``prompt_tokens`` of it, more when the response leaves room) and the *start and end* of the response (refusals
 open a response, referrals close it).
 
-Batches: ``input_ids`` (B, T) right-padded to the batch's longest input (causal attention: the pads after a
+An encoder classifier reads pairs instead (:class:`PairLoader`). Batches: ``input_ids`` (B, T) right-padded to the batch's longest input (causal attention: the pads after a
 row's eos are never seen, so the width does not change any class logit), ``lengths`` (B,) and ``class_ids`` (B,).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 
 import torch
@@ -91,3 +93,27 @@ class LabelledLoader(_OrderedLoader):
         return {"input_ids": input_ids,
                 "lengths": torch.tensor([len(ids) for ids, _ in picked], dtype=torch.long),  # (B,)
                 "class_ids": torch.tensor([c for _, c in picked], dtype=torch.long)}  # (B,)
+
+
+class PairLoader(_OrderedLoader):
+    """Batches of labelled (prompt, response) pairs for an encoder classifier (the encoder judge,
+    safety/encoder_judge.py), tokenized per batch by the encoder's own tokenizer — ``[CLS] prompt [SEP] response
+    [SEP]``, the longer side truncated first to ``max_len`` tokens — and right-padded to the batch's longest:
+    ``input_ids``, ``mask`` (1 on real tokens), ``type_ids`` (0 prompt, 1 response), each (B, T), and
+    ``class_ids`` (B,). ``tokenizer``: anything with ``batch(firsts, seconds, max_len)`` returning ``ids``,
+    ``mask`` and ``type_ids`` (meshlm/models/encoder.py's EncoderTokenizer)."""
+
+    def __init__(self, pairs: Sequence[tuple[str, str, int]], tokenizer, max_len: int, global_batch_size: int, *,
+                 dp_rank: int = 0, dp_size: int = 1, seed: int = 0, shuffle: bool = True) -> None:
+        self.pairs, self.tokenizer, self.max_len = list(pairs), tokenizer, max_len
+        digest = hashlib.sha256(b"pairs")
+        for prompt, response, cls in self.pairs:
+            digest.update(json.dumps([prompt, response, cls]).encode())
+        self._order = _Order("pairs", len(self.pairs), digest.hexdigest(), max_len, global_batch_size, dp_rank,
+                             dp_size, seed, shuffle)
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        picked = [self.pairs[i] for i in self._order.next_items()]
+        enc = self.tokenizer.batch([p for p, _, _ in picked], [r for _, r, _ in picked], self.max_len)
+        return {"input_ids": enc["ids"], "mask": enc["mask"], "type_ids": enc["type_ids"],
+                "class_ids": torch.tensor([c for _, _, c in picked], dtype=torch.long)}
