@@ -330,10 +330,12 @@ class BatchEngine:
         tokens, infos = pick_tokens(logits, [s.sampling.temperature for s in rows], [s.sampling.top_p for s in rows],
                                     [s.generator for s in rows], [s.logits for s in rows],
                                     [s.sampling.logprobs for s in rows], self.tokenizer.vocab_size)
+        # Counted before the rows hear their tokens: a client whose request just finished reads a status that
+        # includes its last token (counting after raced the response: status lagged by a token).
+        self._stats["tokens"] += len(rows)
         for seq, token, info, slot in zip(rows, tokens, infos, slots):
             seq.accept(token, None if info is None else token_logprob(self.tokenizer, token, info))
             self._last[slot] = token
-        self._stats["tokens"] += len(rows)
         self._retire()
 
     def _retire(self) -> None:
