@@ -134,3 +134,38 @@ def test_dropout_under_activation_checkpointing_replays_the_forward_masks(mode):
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_fused_lora_step_equals_the_plain_formula(bias):
+    """The fused path (one autograd function: the update and the input-gradient terms added by the GEMMs) gives
+    the plain formula's output and gradients; dropout, autocast and a trained base take the plain path."""
+    from meshlm.models.lora import LoRALinear
+
+    torch.manual_seed(0)
+    layer = LoRALinear(48, 80, bias, 8, 16.0, 0.0)
+    torch.nn.init.normal_(layer.lora_B, std=0.1)
+    layer.weight.requires_grad_(False)
+    if bias:
+        layer.bias.requires_grad_(False)
+    x = torch.randn(2, 33, 48, requires_grad=True)
+    grad = torch.randn(2, 33, 80)
+
+    def run(fused: bool):
+        layer._fused_ok = lambda _: fused  # instance attribute: this layer only
+        x.grad = layer.lora_A.grad = layer.lora_B.grad = None
+        out = layer(x)
+        out.backward(grad)
+        assert (type(out.grad_fn).__name__ == "_LoRAFunctionBackward") == fused
+        return [out.detach().clone(), x.grad.clone(), layer.lora_A.grad.clone(), layer.lora_B.grad.clone()]
+
+    for got, want in zip(run(True), run(False)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    del layer._fused_ok
+    assert layer._fused_ok(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not layer._fused_ok(x)
+    layer.weight.requires_grad_(True)
+    assert not layer._fused_ok(x)
+    dropped = LoRALinear(48, 80, False, 8, 16.0, 0.1).requires_grad_(False)
+    assert not dropped._fused_ok(x)  # dropout

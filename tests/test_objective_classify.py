@@ -78,6 +78,8 @@ def test_a_toy_labelled_set_trains_to_high_accuracy(debug_dataset, tmp_path):
     assert correct / len(encoded) >= 0.9
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["accuracy"] >= 0.9 and last["loss"] < 0.5  # the objective's metric, logged by the trainer
+    # tokens_per_s counts the loss's targets (inputs); positions_per_s every position of the padded batches
+    assert last["positions_per_s"] > 5 * last["tokens_per_s"] > 0
 
 
 def test_labelled_rows_and_classes_are_checked(tmp_path):

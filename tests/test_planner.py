@@ -358,3 +358,45 @@ def test_emitted_config_is_accepted(tmp_path):
            "--global-batch-tokens", str(64 * 4096), "--emit-config", str(run))
     shown = meshlm("config", "show", str(run))
     assert "[parallel]" in shown.stdout and "llama3-8b" in shown.stdout
+
+
+def test_step_cost_of_lora_and_of_a_preference_pair():
+    """LoRA's frozen weights skip their weight gradients (2 matmuls per weight instead of 3) and only the adapters
+    are updated; a preference pair runs two sequences, and DPO's reference model one more forward of each."""
+    from meshlm.planner.timing import lora_adapter_params, rank_flops, step_time
+
+    spec = resolve_model("small")
+    hw = resolve_hardware("h100-80gb", 1)  # no per-kernel cost: LoRA's small adapter kernels cost their FLOPs only
+    base = Training(256, 8, "bf16", efficiency=0.5)
+    full_flops = rank_flops(spec, Layout(), base, 0)[0]
+    lora = dataclasses.replace(base, lora_rank=8, lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
+    tokens = 8 * 256
+    block_w = 2 * sum(t.numel for t in spec.block_tensors() if t.matmul)
+    head, attention = 2 * spec.vocab_size * spec.dim, 4 * 256 * spec.q_size
+    by_hand = tokens * (spec.n_layers * (2 * block_w + 3 * attention + 3 * 2 * lora_adapter_params(spec, lora))
+                        + 2 * head)
+    assert rank_flops(spec, Layout(), lora, 0)[0] == pytest.approx(by_hand)
+    assert rank_flops(spec, Layout(), lora, 0)[0] < 0.75 * full_flops
+    assert lora_adapter_params(spec, lora) == 8 * sum(sum(t.shape) for t in spec.block_tensors() if t.matmul)
+    assert step_time(spec, Layout(), lora, hw).step_time_s < step_time(spec, Layout(), base, hw).step_time_s
+    dpo = dataclasses.replace(base, sequences_per_row=2, frozen_forwards=1)
+    assert rank_flops(spec, Layout(), dpo, 0)[0] == pytest.approx(full_flops * (2 * 3 + 2 * 1) / 3)
+    assert dpo.tokens == 2 * base.tokens
+    with pytest.raises(ConfigError, match="needs its targets"):
+        Training(256, 8, lora_rank=8)
+
+
+def test_calibration_solves_the_planners_own_step_model():
+    """The calibrated efficiency makes the planner's single-device prediction of the probe equal its measured
+    time (the element-wise and optimizer time stay beside the matmuls, not inside the efficiency)."""
+    from meshlm.planner.calibrate import solve_efficiency
+    from meshlm.planner.timing import step_time
+
+    spec, hw = resolve_model("small"), resolve_hardware("a100-80gb", 1)
+    training = Training(256, 4, "fp32")
+    fast = step_time(spec, Layout(), dataclasses.replace(training, efficiency=1.0), hw).step_time_s
+    for measured in (1.5 * fast, 4 * fast):
+        e = solve_efficiency(spec, hw, training, measured)
+        assert step_time(spec, Layout(), dataclasses.replace(training, efficiency=e), hw).step_time_s \
+            == pytest.approx(measured, rel=1e-9)
+    assert solve_efficiency(spec, hw, training, 0.5 * fast) == 1.0  # faster than the model allows: clamped

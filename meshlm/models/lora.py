@@ -35,6 +35,40 @@ TARGETS = {lin.target: lin.module for lin in DECODER.linears}
 HF_TARGETS = {lin.target: lin.hf.rsplit(".", 1)[-1] for lin in DECODER.linears}
 
 
+class _LoRAFunction(torch.autograd.Function):
+    """``x Wᵀ + b + s·(x Aᵀ) Bᵀ`` and its gradients with no full-size element-wise pass: the update is added by
+    the GEMM itself (``addmm``) in the forward, and the two input-gradient terms ``g W + s·(g B) A`` likewise in the
+    backward. The plain formula spends a scale and an add over the (tokens, out) output in the forward, and a
+    scale and a gradient sum over (tokens, out) and (tokens, in) in the backward, per adapted projection; on the
+    CPU those passes and the extra kernels made a LoRA step of SmolLM2 (all seven projections) as slow as the full
+    fine-tune's (docs/benchmarks.md). Saved for the backward: x (the base matmul's input, which the plain path
+    saves too) and x Aᵀ, (tokens, r). W and b are frozen: no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float):
+        flat = x.reshape(-1, x.shape[-1])  # (N, in)
+        xa = flat @ lora_a.t()  # (N, r)
+        out = torch.addmm(F.linear(flat, weight, bias), xa, lora_b.t(), alpha=scaling)  # (N, out)
+        ctx.save_for_backward(flat, weight, lora_a, lora_b, xa)
+        ctx.scaling, ctx.in_shape = scaling, x.shape
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        flat, weight, lora_a, lora_b, xa = ctx.saved_tensors
+        s = ctx.scaling
+        g = grad_out.reshape(-1, grad_out.shape[-1])  # (N, out)
+        gb = g @ lora_b  # (N, r), unscaled
+        grad_x = grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.addmm(g @ weight, gb, lora_a, alpha=s).view(ctx.in_shape)
+        if ctx.needs_input_grad[3]:
+            grad_a = (gb.t() @ flat).mul_(s)  # (r, in)
+        if ctx.needs_input_grad[4]:
+            grad_b = (g.t() @ xa).mul_(s)  # (out, r)
+        return grad_x, None, None, grad_a, grad_b, None
+
+
 class LoRALinear(nn.Linear):
     """An ``nn.Linear`` with a frozen base weight and a trainable low-rank update."""
 
@@ -52,12 +86,23 @@ class LoRALinear(nn.Linear):
         self.merged = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)  # (..., out)
         if self.merged:
-            return out
+            return F.linear(x, self.weight, self.bias)
+        if self._fused_ok(x):
+            return _LoRAFunction.apply(x, self.weight, self.bias, self.lora_A, self.lora_B, self.scaling)
+        out = F.linear(x, self.weight, self.bias)  # (..., out)
         h = self.lora_dropout(x) if self.lora_dropout is not None else x
         update = F.linear(F.linear(h, self.lora_A), self.lora_B)  # (..., r) -> (..., out)
         return out + update * self.scaling
+
+    def _fused_ok(self, x: torch.Tensor) -> bool:
+        """The fused path (:class:`_LoRAFunction`) covers the training case that matters: a frozen base of plain
+        tensors (one device, or FSDP2's gathered parameters), no dropout, no autocast. Tensor-parallel DTensors,
+        dropout, a trained base and mixed precision take the plain formula."""
+        return (self.lora_dropout is None and not self.weight.requires_grad
+                and (self.bias is None or not self.bias.requires_grad)
+                and not any(isinstance(t, DTensor) for t in (x, self.weight, self.lora_A, self.lora_B))
+                and not torch.is_autocast_enabled(x.device.type))
 
     def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
         """Tensor parallelism (module docstring): adapters follow the base weight's column/row sharding."""

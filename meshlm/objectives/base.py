@@ -39,6 +39,8 @@ class Objective:
     config_keys: ClassVar[tuple[str, ...]] = ()
     # Modules adapt_model adds that no base checkpoint holds: they train even under LoRA
     new_modules: ClassVar[tuple[str, ...]] = ()
+    # Sequences the model runs forward and backward per batch row (a preference pair: 2); the planner's step time
+    sequences_per_row: ClassVar[int] = 1
     # Pipeline parallelism runs the model stage by stage, so the loss must be a function of the last stage's
     # output and the labels; objectives that support pp > 1 set this to a
     #     (logits: Tensor (B, T, V), labels: Tensor (B, T)) -> Tensor (summed, fp32)
@@ -60,6 +62,12 @@ class Objective:
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Sum of per-token losses over ``batch`` (fp32 scalar)."""
         raise NotImplementedError
+
+    @property
+    def frozen_forwards(self) -> int:
+        """Forward passes without a gradient per trained sequence and step (a DPO reference model: 1); the
+        planner's step time counts them."""
+        return 0
 
     # ------------------------------------------------------------------------------- optional hooks: no-ops
     def adapt_model(self, model: nn.Module) -> None:

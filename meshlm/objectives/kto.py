@@ -25,6 +25,12 @@ class KTOObjective(PreferenceObjective):
     name = "dpo"
     data_kind = "unpaired"  # {prompt, completion, label} rows; a preference row gives one item of each label
     config_keys = (*PreferenceObjective.config_keys, "desirable_weight", "undesirable_weight")
+    sequences_per_row = 1  # the item's own row trains; its KL row runs forward only
+
+    @property
+    def frozen_forwards(self) -> int:
+        """The policy's forward of the KL row, and the reference's of both rows unless precomputed."""
+        return 1 + (2 if self.needs_reference and self.cfg.reference == "model" else 0)
 
     def setup(self, ctx: ObjectiveContext) -> None:
         self.engine, self.policy, self.autocast = ctx.engine, ctx.model_parts[0], ctx.autocast

@@ -63,9 +63,16 @@ class PreferenceObjective(Objective):
         self.reference_table: torch.Tensor | None = None  # (num_pairs, 2) summed ref log-probs (chosen, rejected)
         self._metrics = MetricSums()
 
+    sequences_per_row = 2  # chosen and rejected
+
     @property
     def needs_reference(self) -> bool:
         return self.cfg.loss_type not in REFERENCE_FREE
+
+    @property
+    def frozen_forwards(self) -> int:
+        """The reference model's forward of each sequence (none when its log-probs are precomputed)."""
+        return 1 if self.needs_reference and self.cfg.reference == "model" else 0
 
     def setup(self, ctx: ObjectiveContext) -> None:
         if not self.needs_reference:

@@ -1,27 +1,48 @@
 """``--calibrate``: measure the efficiency factor on this machine with a short training micro-benchmark.
 
-A few forward/backward/AdamW steps of a meshlm model (the planned model's width and heads when it fits a
-quick probe, else the ``small`` flavour's) on one thread (as each gloo rank runs) — or on the GPU when there is
-one — timed after a warm-up; efficiency = achieved model FLOP/s / the matmul peak measured the same way.
+A few forward/backward/AdamW steps of a meshlm model (the planned model when it is a meshlm decoder of at most
+:data:`PROBE_PARAMS` parameters, else the ``small`` flavour) on one thread (as each gloo rank runs) — or on the
+GPU when there is one — timed after a warm-up. The efficiency is then solved from the planner's own step-time
+model on the probe: the planner predicts ``t(e) = A / e + B`` for a single-device step (A: the matmul FLOPs at
+the peak, B: the element-wise traffic and fixed costs, which do not scale with the efficiency), so
+``e = A / (measured − B)``. Taking achieved FLOP/s over the peak instead would count the element-wise time twice,
+once inside the efficiency and once beside it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from meshlm.config.loader import build_config
 from meshlm.errors import ConfigError
 from meshlm.planner.hardware import Hardware
+from meshlm.planner.layout import Layout, Training
 from meshlm.planner.model_spec import ModelSpec, from_model_config
-from meshlm.planner.timing import model_flops_per_token
+from meshlm.planner.timing import step_time
 
-PROBE_PARAMS = 30e6  # larger models are probed with the `small` flavour's shape
+PROBE_PARAMS = 200e6  # larger models are probed with the `small` flavour's shape
+PROBE_BATCH = 4
+
+
+def solve_efficiency(spec: ModelSpec, hw: Hardware, training: Training, measured_s: float) -> float:
+    """The efficiency at which the planner's single-device step time for (``spec``, ``training``) on ``hw``
+    equals ``measured_s``, clamped to [0.01, 1]."""
+    at = {e: step_time(spec, Layout(), dataclasses.replace(training, efficiency=e), hw).step_time_s
+          for e in (1.0, 0.5)}
+    matmul = at[0.5] - at[1.0]  # A: t(0.5) - t(1) = 2A + B - (A + B)
+    fixed = at[1.0] - matmul  # B
+    if measured_s <= fixed:
+        return 1.0
+    return min(max(matmul / (measured_s - fixed), 0.01), 1.0)
 
 
 def calibrate(spec: ModelSpec, hw: Hardware, precision: str, seq_len: int, steps: int = 3) -> float:
     import torch
 
+    from meshlm.config.schema import OptimizerConfig
     from meshlm.models import build_model, flavor_config
+    from meshlm.train.optim import build_optimizer
 
     on_gpu = torch.cuda.is_available() and hw.name != "cpu"
     if hw.name != "cpu" and not on_gpu:
@@ -40,9 +61,8 @@ def calibrate(spec: ModelSpec, hw: Hardware, precision: str, seq_len: int, steps
         torch.set_num_threads(1)
     try:
         model = build_model(cfg, device, seed=0)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-        batch = 4
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+        opt = build_optimizer(model, OptimizerConfig(lr=1e-4))  # the trainer's AdamW
+        ids = torch.randint(0, cfg.vocab_size, (PROBE_BATCH, seq), device=device)
 
         def step() -> None:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
@@ -62,5 +82,4 @@ def calibrate(spec: ModelSpec, hw: Hardware, precision: str, seq_len: int, steps
         seconds = (time.perf_counter() - start) / steps
     finally:
         torch.set_num_threads(threads)
-    achieved = model_flops_per_token(probe, seq) * batch * seq / seconds
-    return min(max(achieved / hw.peak(precision), 0.01), 1.0)
+    return solve_efficiency(probe, hw, Training(seq, PROBE_BATCH, precision), seconds)

@@ -25,11 +25,21 @@ class Training:
     optimizer: str = "adamw"
     efficiency: float = 0.5  # achieved / peak FLOP/s of the matmul-heavy compute
     accounting: str = "engine"  # "engine": what meshlm allocates; "zero": the ZeRO paper's 2+2+12 bytes
+    # What a step computes besides one forward and backward per sequence (timing.py; memory does not model them):
+    lora_rank: int = 0  # > 0: LoRA adapters of this rank on lora_targets; the base weights are frozen
+    lora_targets: tuple[str, ...] = ()  # the family spec's target names (q, k, v, o, gate, up, down)
+    sequences_per_row: int = 1  # sequences the model runs per batch row (a preference pair: 2)
+    frozen_forwards: int = 0  # forward passes of a frozen copy per sequence (DPO's reference model: 1)
 
     def __post_init__(self) -> None:
         if self.seq_len < 1 or self.global_batch < 1:
             raise ConfigError(f"sequence length and global batch must be positive (got --seq {self.seq_len}, "
                               f"{self.global_batch} sequences)")
+        if self.lora_rank < 0 or self.sequences_per_row < 1 or self.frozen_forwards < 0:
+            raise ConfigError(f"LoRA rank ({self.lora_rank}) and frozen forwards ({self.frozen_forwards}) must be "
+                              f">= 0 and sequences per row ({self.sequences_per_row}) >= 1")
+        if self.lora_rank and not self.lora_targets:
+            raise ConfigError(f"LoRA rank {self.lora_rank} needs its targets (e.g. q, v)")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
         if self.optimizer not in OPTIMIZERS:
@@ -39,7 +49,8 @@ class Training:
 
     @property
     def tokens(self) -> int:
-        return self.seq_len * self.global_batch
+        """Positions the model runs forward and backward per optimizer step (both sequences of a pair)."""
+        return self.seq_len * self.global_batch * self.sequences_per_row
 
     @property
     def compute_bytes(self) -> int:

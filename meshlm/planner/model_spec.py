@@ -103,9 +103,13 @@ class ModelSpec:
                     Tensor("mlp.proj.weight", (h, f), 1, True), Tensor("mlp.proj.bias", (h,), None, False)]
         return list(self._decoder_tensors())
 
+    def shapes(self) -> Shapes:
+        """The sizes the family spec's tensor shapes are made of."""
+        return Shapes(self.dim, self.q_size, self.kv_size, self.hd, self.ffn_hidden_dim)
+
     def _decoder_tensors(self):
         """The block of meshlm's decoder, from its family spec (meshlm/models/family.py)."""
-        shapes = Shapes(self.dim, self.q_size, self.kv_size, self.hd, self.ffn_hidden_dim)
+        shapes = self.shapes()
         flags = {"": True, "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
         for norm in DECODER.norms:
             if flags[norm.flag]:

@@ -13,7 +13,11 @@ from meshlm.planner.memory import memory
 from meshlm.planner.model_spec import ModelSpec, from_model_config
 
 
-def layout_from_config(cfg: JobConfig, world: int, efficiency: float = 0.5) -> tuple[ModelSpec, Layout, Training]:
+def layout_from_config(cfg: JobConfig, world: int, efficiency: float = 0.5, *, sequences_per_row: int = 1,
+                       frozen_forwards: int = 0) -> tuple[ModelSpec, Layout, Training]:
+    """The planner's inputs for a run of ``cfg`` on ``world`` ranks. LoRA comes from ``cfg.lora``; what the
+    objective runs per row (``sequences_per_row``, ``frozen_forwards``: Objective's attributes of those names,
+    passed by a caller that has the objective) from the caller."""
     from meshlm.distributed.parallel_dims import ParallelDims
 
     pc, tc = cfg.parallel, cfg.training
@@ -27,7 +31,10 @@ def layout_from_config(cfg: JobConfig, world: int, efficiency: float = 0.5) -> t
     if layout.uses_fsdp:
         sharding = "zero2" if pc.reshard_after_forward == "never" else "zero3"
         layout = Layout(**{**layout.__dict__, "sharding": sharding})
-    training = Training(cfg.data.seq_len, tc.batch_size, tc.precision, "adamw", efficiency)
+    lora = cfg.lora
+    training = Training(cfg.data.seq_len, tc.batch_size, tc.precision, "adamw", efficiency,
+                        lora_rank=lora.rank, lora_targets=tuple(lora.targets) if lora.enabled else (),
+                        sequences_per_row=sequences_per_row, frozen_forwards=frozen_forwards)
     return from_model_config(cfg.model), layout, training
 
 

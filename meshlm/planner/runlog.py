@@ -47,7 +47,10 @@ class PlanLog(TrainerCallback):
             return ""
 
         try:
-            spec, layout, training = layout_from_config(view.cfg, view.engine.dims.world_size)
+            objective = view.objective
+            spec, layout, training = layout_from_config(view.cfg, view.engine.dims.world_size,
+                                                        sequences_per_row=objective.sequences_per_row,
+                                                        frozen_forwards=objective.frozen_forwards)
             bytes_ = predict_rank(spec, layout, training, {"pp": 0, "tp": 0, "dp_shard": 0})
             hw = run_hardware(view)
             predicted: dict[str, Any] = {k: bytes_[k] / 2**30 for k in
@@ -78,7 +81,8 @@ class PlanLog(TrainerCallback):
             return "planner vs run: no metrics were logged"
         # the median over logged windows: the first (warm-up) and the instrumented one are outliers
         measured = {"step_time_s": statistics.median(r["step_time_s"] for r in records),
-                    "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records)}
+                    # positions (what the planner counts), not the loss's targets (an SFT run's responses)
+                    "tokens_per_s": statistics.median(r.get("positions_per_s", r["tokens_per_s"]) for r in records)}
         counted = [r for r in records if "comm_bytes_per_step" in r]
         if counted:
             measured["comm_bytes_per_step"] = counted[-1]["comm_bytes_per_step"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from meshlm.models.family import DECODER
 from meshlm.planner.activations import micro_batch
 from meshlm.planner.collectives import Collective, step_collectives, steps_per_optimizer_step
 from meshlm.planner.hardware import Hardware
@@ -121,32 +122,61 @@ def elementwise_bytes(spec: ModelSpec, layout: Layout, training: Training) -> fl
     return training.compute_bytes * (replicated / (t if sp else 1) + (partitioned + scores) / t)
 
 
+def lora_adapter_params(spec: ModelSpec, training: Training) -> int:
+    """Adapter weights of one block (A: r x in, B: out x r per target); 0 without LoRA."""
+    if not training.lora_rank:
+        return 0
+    shapes = spec.shapes()
+    return sum(training.lora_rank * sum(DECODER.linear(t).shape(shapes)) for t in training.lora_targets)
+
+
+def _weight_passes(training: Training) -> int:
+    """Matmuls per base weight in a trained pass: forward, input gradient and (unless LoRA freezes it) weight
+    gradient."""
+    return 2 if training.lora_rank else 3
+
+
 def rank_matmuls(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int) -> int:
-    """Matmul kernels one rank runs in a step: per micro-batch and layer the block's weight matmuls and attention's
-    two (scores, values), three times (forward, input and weight gradients) plus one more forward under full
-    recompute; the head's three on the last stage."""
-    per_layer = sum(1 for x in spec.block_tensors() if x.matmul) + 2
-    passes = 3 + (1 if layout.activation_checkpointing == "full" else 0)
+    """Matmul kernels one rank runs in a step: per micro-batch and layer the block's weight matmuls (forward and
+    input gradient, and the weight gradient unless LoRA freezes them), attention's two (scores, values) three
+    times, each LoRA target's two adapter matmuls three times, one more forward of the weights and attention
+    under full recompute and per frozen forward (a DPO reference); the head's on the last stage."""
+    weights = sum(1 for x in spec.block_tensors() if x.matmul)
+    passes = _weight_passes(training)
+    extra = (1 if layout.activation_checkpointing == "full" else 0) + training.frozen_forwards
+    per_layer = weights * passes + 2 * 3 + 2 * 3 * len(training.lora_targets if training.lora_rank else ()) \
+        + (weights + 2) * extra
     count = 0
     for st in rank_stages(spec, layout, pp_rank):
-        count += st.layers * per_layer * passes + (3 if st.index == layout.num_stages - 1 else 0)
-    return count * steps_per_optimizer_step(layout, training)
+        last = st.index == layout.num_stages - 1
+        count += st.layers * per_layer + ((passes + training.frozen_forwards) if last else 0)
+    return count * steps_per_optimizer_step(layout, training) * training.sequences_per_row
 
 
 def rank_flops(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int) -> tuple[float, float]:
-    """(hardware FLOPs, model FLOPs) of one rank's step (its share of the tensor-parallel work)."""
+    """(hardware FLOPs, model FLOPs) of one rank's step (its share of the tensor-parallel work).
+
+    Per token and layer: 2 FLOPs per weight forward, as many for the input gradient, as many again for the weight
+    gradient of weights that train (all of them, or none of the base under LoRA, whose adapters train: 6 per
+    adapter weight); attention's scores and values 4·s·q forward, three times that trained. A frozen forward (a
+    DPO reference) adds one forward per sequence; full recompute one more forward of the blocks (hardware
+    FLOPs only)."""
     s, t = training.seq_len, layout.tp
-    tokens = micro_batch(layout, training) * s * steps_per_optimizer_step(layout, training)
-    block_matmul = sum(x.numel for x in spec.block_tensors() if x.matmul) / t
-    block_fwd = 2 * block_matmul + 4 * s * spec.q_size / t  # per token: weights + scores and values
-    head_fwd = 2 * spec.vocab_size * spec.dim / t
+    tokens = micro_batch(layout, training) * s * steps_per_optimizer_step(layout, training) * training.sequences_per_row
+    block_weights = 2 * sum(x.numel for x in spec.block_tensors() if x.matmul) / t  # forward, per token
+    attention = 4 * s * spec.q_size / t
+    adapters = 2 * lora_adapter_params(spec, training) / t
+    head = 2 * spec.vocab_size * spec.dim / t
+    passes = _weight_passes(training)
     model = hw = 0.0
     for st in rank_stages(spec, layout, pp_rank):
-        fwd = st.layers * block_fwd + (head_fwd if st.index == layout.num_stages - 1 else 0.0)
-        model += 3 * fwd * tokens
-        hw += 3 * fwd * tokens
+        last = st.index == layout.num_stages - 1
+        trained = st.layers * (passes * block_weights + 3 * attention + 3 * adapters) + (passes * head if last else 0)
+        frozen = training.frozen_forwards * (st.layers * (block_weights + attention) + (head if last else 0))
+        model += (trained + frozen) * tokens
+        hw += (trained + frozen) * tokens
         if layout.activation_checkpointing == "full":
-            hw += st.layers * block_fwd * tokens
+            hw += st.layers * (block_weights + attention + adapters) * tokens
     return hw, model
 
 
@@ -174,7 +204,8 @@ def step_time(spec: ModelSpec, layout: Layout, training: Training, hw: Hardware)
         times = {"tp": 0.0, "p2p": 0.0, "dp": 0.0, "small": 0.0}
         for c in colls:
             times[c.role] += collective_time(c, layout, hw)
-        compute = hw_flops / peak + _elementwise_time(spec, layout, training, hw, r)
+        compute = hw_flops / peak + _elementwise_time(spec, layout, training, hw, r) \
+            + _optimizer_time(spec, layout, training, hw, r)
         if hw.matmul_overhead_us:
             compute += rank_matmuls(spec, layout, training, r) * hw.matmul_overhead_us * 1e-6
         busy = compute + times["tp"] + times["p2p"]
@@ -184,7 +215,10 @@ def step_time(spec: ModelSpec, layout: Layout, training: Training, hw: Hardware)
     dp_exposed = max(0.0, times["dp"] - compute) + _unhidden_dp(colls, layout, hw)
     bubble = bubble_fraction(layout) * busy
     total = busy + bubble + dp_exposed + times["small"]
-    model_flops = model_flops_per_token(spec, training.seq_len) * training.tokens
+    if training.lora_rank or training.frozen_forwards:  # what the step computes, over every rank
+        model_flops = sum(rank_flops(spec, layout, training, r)[1] for r in range(layout.pp)) * layout.tp * layout.dp
+    else:
+        model_flops = model_flops_per_token(spec, training.seq_len) * training.tokens
     hw_flops_job = model_flops * (1 + _recompute_share(spec, training, layout))
     return StepTime(total, compute, times["tp"], times["p2p"], times["dp"], dp_exposed, times["small"], bubble,
                     model_flops, hw_flops_job)
@@ -194,7 +228,25 @@ def _elementwise_time(spec: ModelSpec, layout: Layout, training: Training, hw: H
     tokens = micro_batch(layout, training) * training.seq_len * steps_per_optimizer_step(layout, training)
     layers = sum(st.layers for st in rank_stages(spec, layout, pp_rank))
     passes = 3 + (1 if layout.activation_checkpointing != "none" else 0)  # selective recomputes these too
+    passes += training.frozen_forwards
+    tokens *= training.sequences_per_row
     return passes * layers * tokens * elementwise_bytes(spec, layout, training) / (hw.hbm_gbs * 1e9)
+
+
+def _optimizer_time(spec: ModelSpec, layout: Layout, training: Training, hw: Hardware, pp_rank: int) -> float:
+    """The optimizer's update of the rank's trainable parameters (its shard under FSDP; only the adapters under
+    LoRA), a stream at the memory bandwidth: AdamW reads the fp32 value, gradient and two moments and writes the
+    value and moments back (28 bytes a parameter), SGD with momentum 16."""
+    stages = rank_stages(spec, layout, pp_rank)
+    if training.lora_rank:
+        shards = layout.dp_shard if layout.uses_fsdp else 1
+        local = sum(st.layers for st in stages) * lora_adapter_params(spec, training) / (layout.tp * shards)
+    else:
+        local = sum(st.total.local for st in stages)  # FSDP (ZeRO-2/3): already this rank's shard
+        if layout.sharding == "zero1":  # optimizer state sharded, parameters replicated: each rank updates 1/dp
+            local /= max(layout.dp, 1)
+    per_param = 28 if training.optimizer == "adamw" else 16
+    return local * per_param / (hw.hbm_gbs * 1e9)
 
 
 def _recompute_share(spec: ModelSpec, training: Training, layout: Layout) -> float:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # torch stays unimported here: `meshlm diagnose oom` plans wi
 
     from meshlm.config.schema import JobConfig
     from meshlm.distributed.engine import Engine
+    from meshlm.objectives.base import Objective
     from meshlm.train.trainer import Trainer
 
 
@@ -66,6 +67,12 @@ class TrainerView:
     @property
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:
         return tuple(self._trainer.optimizers)
+
+    @property
+    def objective(self) -> Objective:
+        """The run's objective: read its declared costs (``sequences_per_row``, ``frozen_forwards``), not its
+        state."""
+        return self._trainer.objective
 
     @property
     def train_loader(self) -> Any:

@@ -33,8 +33,8 @@ def module_flops_per_token(model: nn.Module) -> float:
     """Training FLOPs per position of a module not described by a ModelConfig (a model given to the Trainer),
     counted from its matrix weights alone (embedding tables excluded, no attention term): 2 per weight for the
     forward pass and 2 for the backward pass's input gradient, plus 2 for the weight gradient of trainable
-    weights (6 per weight when all train, as model_flops_per_token counts). The trainer multiplies it by its
-    loss-token count; a classifier counts inputs, not positions, so the MFU it reports is a lower bound."""
+    weights (6 per weight when all train, as model_flops_per_token counts). The trainer multiplies it by the
+    input positions it ran (its MFU)."""
     tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     weights = [p for p in model.parameters() if p.ndim >= 2 and id(p) not in tables]
     return float(sum(4 * p.numel() + (2 * p.numel() if p.requires_grad else 0) for p in weights))

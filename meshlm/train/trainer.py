@@ -232,7 +232,7 @@ class Trainer:
         logger.message(self.describe())
         for line in self.callbacks.messages("on_train_start"):  # e.g. the planner's prediction for this layout
             logger.message(line)
-        window_tokens, window_steps, window_time, record = 0, 0, 0.0, {}
+        window_tokens, window_positions, window_steps, window_time, record = 0, 0, 0, 0.0, {}
         try:
             while self.step < last:
                 start = time.perf_counter()
@@ -248,14 +248,16 @@ class Trainer:
                     raise replacement from None  # e.g. names `meshlm diagnose oom`, no traceback
                 window_time += time.perf_counter() - start
                 window_tokens += record.pop("tokens")
+                window_positions += record.pop("positions")
                 window_steps += 1
                 self.callbacks.on_step_end(record)  # outside the step's timing
                 if self.eval_loader is not None and self._due(self.step, tc.eval_interval, last):
                     record["eval_loss"] = self.evaluate()
                 if self._due(self.step, mc.interval, last) or "eval_loss" in record:
                     record.update(self.hooks.metrics())  # the objective's own metrics, reduced over dp ranks
-                    logger.log(self._finish_record(record, window_tokens, window_steps, window_time))
-                    window_tokens, window_steps, window_time = 0, 0, 0.0
+                    logger.log(self._finish_record(record, window_tokens, window_positions, window_steps,
+                                                   window_time))
+                    window_tokens, window_positions, window_steps, window_time = 0, 0, 0, 0.0
                 else:
                     logger.advance(self.step)
                 if self.cfg.checkpoint.enabled and self._due(self.step, self.cfg.checkpoint.interval, last):
@@ -313,7 +315,8 @@ class Trainer:
         self.step += 1
         self._pending_tokens = self._pending_tokens + global_tokens  # folded into tokens_seen when read
         return {"step": self.step, "loss": engine.loss_sum(local_loss) / global_tokens, "lr": lr,
-                "grad_norm": grad_norm, "skipped": skipped, "tokens": global_tokens}
+                "grad_norm": grad_norm, "skipped": skipped, "tokens": global_tokens,
+                "positions": batch["input_ids"].numel() * engine.dp_size}
 
     # Tokens of steps not yet read on the host (a device tensor); reading tokens_seen folds them in.
     _pending_tokens: torch.Tensor | int = 0
@@ -383,11 +386,15 @@ class Trainer:
             part.train()
         return float(self.engine.loss_sum(total) / self.engine.dp_sum(count))
 
-    def _finish_record(self, record: dict[str, Any], tokens: int | torch.Tensor, steps: int,
+    def _finish_record(self, record: dict[str, Any], tokens: int | torch.Tensor, positions: int, steps: int,
                        seconds: float) -> dict[str, Any]:
+        """``tokens``: the loss's targets (an SFT run's response tokens; a classifier's inputs); ``positions``:
+        the input positions the model ran (padding and prompts included), which the FLOPs per token count, so
+        MFU is taken from positions."""
         record, tokens = host_values(record), float(tokens)  # the log step is where device values are read
         tokens_per_s = tokens / seconds if seconds > 0 else float("nan")
-        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.engine.dims.world_size)
+        positions_per_s = positions / seconds if seconds > 0 else float("nan")
+        mfu = positions_per_s * self.flops_per_token / (self.peak_flops * self.engine.dims.world_size)
         data_wait, self._data_wait_s = self._data_wait_s / steps, 0.0
         # Every rank's own timings, one all-gather of a few floats per log step: stragglers show here, not in
         # rank 0's step time (synchronous ranks all wait for the slowest)
@@ -395,7 +402,8 @@ class Trainer:
         per_rank = gather_rank_floats([seconds / steps, data_wait, stats.get("measured_step_s", 0.0),
                                        stats.get("comm_s", 0.0), stats.get("optimizer_s", 0.0)], self.device)
         names = ("step_time_s", "data_wait_s", "measured_step_s", "comm_s", "optimizer_s")
-        return {**record, "tokens_per_s": tokens_per_s, "mfu": mfu, "tokens_seen": self.tokens_seen,
+        return {**record, "tokens_per_s": tokens_per_s, "positions_per_s": positions_per_s, "mfu": mfu,
+                "tokens_seen": self.tokens_seen,
                 "step_time_s": seconds / steps, "data_wait_s": data_wait, "memory_gib": self.memory.read_and_reset(),
                 "memory_kind": self.memory.kind, **stats,
                 "per_rank": {name: [r[i] for r in per_rank] for i, name in enumerate(names)}}
