@@ -400,3 +400,17 @@ def test_calibration_solves_the_planners_own_step_model():
         assert step_time(spec, Layout(), dataclasses.replace(training, efficiency=e), hw).step_time_s \
             == pytest.approx(measured, rel=1e-9)
     assert solve_efficiency(spec, hw, training, 0.5 * fast) == 1.0  # faster than the model allows: clamped
+
+
+def test_a_calibration_is_kept_per_machine_and_precision(tmp_path, monkeypatch):
+    """`meshlm plan --calibrate` keeps its efficiency; a training run's own prediction reads it back."""
+    from meshlm.planner.calibrate import calibration_path, save_calibration, saved_efficiency
+
+    monkeypatch.setenv("MESHLM_CACHE", str(tmp_path))
+    assert saved_efficiency("cpu", "fp32") is None
+    save_calibration("cpu", "fp32", 0.73)
+    save_calibration("cpu", "bf16", 0.11)
+    assert saved_efficiency("cpu", "fp32") == 0.73 and saved_efficiency("cpu", "bf16") == 0.11
+    assert saved_efficiency("a100-80gb", "fp32") is None
+    calibration_path().write_text("{not json")
+    assert saved_efficiency("cpu", "fp32") is None  # unreadable: no calibration, never an error

@@ -33,7 +33,9 @@ def register(sub, add_config_args) -> None:
                    help="memory of states as meshlm allocates them, or the ZeRO paper's 2+2+12 bytes/param")
     eff = p.add_mutually_exclusive_group()
     eff.add_argument("--efficiency", type=float, help="achieved/peak matmul FLOP/s (default: the preset's)")
-    eff.add_argument("--calibrate", action="store_true", help="measure the efficiency on this machine")
+    eff.add_argument("--calibrate", action="store_true", help="measure the efficiency on this machine (kept in "
+                                                              "$MESHLM_CACHE/planner-calibration.json: training "
+                                                              "runs' own predictions use it)")
     p.add_argument("--fix", default="", metavar="K=V,...",
                    help="pin layout keys, e.g. tp=8,pp=4,dp_shard=2,pp_schedule=1f1b,microbatches=16,ac=full; "
                         "never refuses: reports that layout, feasible or not")
@@ -109,9 +111,10 @@ def build_inputs(args: argparse.Namespace):
     precision = args.precision or ("fp32" if hw.name == "cpu" else "bf16")
     efficiency = args.efficiency if args.efficiency is not None else hw.efficiency
     if args.calibrate:
-        from meshlm.planner.calibrate import calibrate
+        from meshlm.planner.calibrate import calibrate, save_calibration
 
         efficiency = calibrate(spec, hw, precision, args.seq)
+        save_calibration(hw.name, precision, efficiency)
     training = Training(args.seq, seqs, precision, args.optimizer, efficiency, args.accounting)
     return spec, hw, training
 

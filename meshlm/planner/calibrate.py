@@ -6,13 +6,18 @@ GPU when there is one — timed after a warm-up. The efficiency is then solved f
 model on the probe: the planner predicts ``t(e) = A / e + B`` for a single-device step (A: the matmul FLOPs at
 the peak, B: the element-wise traffic and fixed costs, which do not scale with the efficiency), so
 ``e = A / (measured − B)``. Taking achieved FLOP/s over the peak instead would count the element-wise time twice,
-once inside the efficiency and once beside it.
+once inside the efficiency and once beside it. The result is kept per machine and precision in
+``$MESHLM_CACHE/planner-calibration.json``; every training run's own prediction (planner/runlog.py) uses it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 from meshlm.config.loader import build_config
 from meshlm.errors import ConfigError
@@ -23,6 +28,46 @@ from meshlm.planner.timing import step_time
 
 PROBE_PARAMS = 200e6  # larger models are probed with the `small` flavour's shape
 PROBE_BATCH = 4
+CALIBRATION_FILE = "planner-calibration.json"  # under $MESHLM_CACHE (default ~/.cache/meshlm)
+
+
+def calibration_path() -> Path:
+    return Path(os.environ.get("MESHLM_CACHE") or Path.home() / ".cache" / "meshlm").expanduser() / CALIBRATION_FILE
+
+
+def machine_key(hw_name: str, precision: str) -> str:
+    """What a calibration holds for: this host's CPU (or the GPU preset) and the precision."""
+    where = f"{platform.node()}/{platform.processor() or platform.machine()}" if hw_name == "cpu" else hw_name
+    return f"{where}/{precision}"
+
+
+def save_calibration(hw_name: str, precision: str, efficiency: float) -> Path:
+    """Keep a calibrated efficiency for this machine, so that every training run's own prediction
+    (planner/runlog.py) uses it; written whole (atomically)."""
+    from meshlm.fileio import atomic_write_text
+
+    path = calibration_path()
+    known = _read(path)
+    known[machine_key(hw_name, precision)] = {"efficiency": efficiency, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(known, indent=1) + "\n")
+    return path
+
+
+def saved_efficiency(hw_name: str, precision: str) -> float | None:
+    """The efficiency `meshlm plan --calibrate` measured on this machine, if any (an unreadable file counts as
+    none: a prediction must not stop a run)."""
+    entry = _read(calibration_path()).get(machine_key(hw_name, precision))
+    value = entry.get("efficiency") if isinstance(entry, dict) else None
+    return float(value) if isinstance(value, (int, float)) and 0 < value <= 1 else None
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def solve_efficiency(spec: ModelSpec, hw: Hardware, training: Training, measured_s: float) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 
 from meshlm.errors import UserError
 from meshlm.fileio import atomic_write_text
+from meshlm.planner.calibrate import saved_efficiency
 from meshlm.planner.hardware import PRESETS, Hardware, machine_memory_gib
 from meshlm.planner.predict import layout_from_config, predict_rank
 from meshlm.planner.search import evaluate
@@ -27,8 +28,10 @@ def run_hardware(view: TrainerView):
     world = view.engine.dims.world_size
     if view.device.type == "cpu":
         peak = view.peak_flops
+        efficiency = saved_efficiency("cpu", view.cfg.training.precision)  # `meshlm plan --calibrate`
         return Hardware("cpu", machine_memory_gib() / world, {"fp32": peak, "bf16": peak, "fp16": peak},
-                        max(world, 1), 2.0, 2.0, 50.0, 50.0, hbm_gbs=10.0, measured=True)
+                        max(world, 1), 2.0, 2.0, 50.0, 50.0, hbm_gbs=10.0, measured=True,
+                        efficiency=efficiency or Hardware.efficiency)
     name = torch.cuda.get_device_name(view.device).upper()
     mem = torch.cuda.get_device_properties(view.device).total_memory / 2**30
     for key, hw in PRESETS.items():
