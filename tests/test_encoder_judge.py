@@ -156,14 +156,17 @@ def test_encoder_judge_learns_saves_and_loads(tmp_path, tiny_encoder):
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
+    import meshlm.safety.encoder_judge as encoder_judge_module
+
     before = loaded.probabilities(prompts, responses)
-    real = safetensors.torch.save_file
-    safetensors.torch.save_file = fail
+    real = encoder_judge_module.save_file  # safetensors.torch.save_file, as the module imported it
+    assert real is safetensors.torch.save_file
+    encoder_judge_module.save_file = fail
     try:
         with pytest.raises(OSError, match="disk full"):
             untrained.save(folder)
     finally:
-        safetensors.torch.save_file = real
+        encoder_judge_module.save_file = real
     assert torch.equal(EncoderClassifier.load(folder).probabilities(prompts, responses), before)
     assert sorted(p.name for p in folder.parent.iterdir()) == ["f", "judge", "other"]  # no temp folder left
     judge.save(folder)  # and a save over it succeeds again
