@@ -135,3 +135,21 @@ def test_models_it_cannot_replace_keep_their_own_forward():
     assert fast_forward(model) is model
     plain = torch.nn.Linear(3, 3)
     assert fast_forward(plain) is plain
+
+
+def test_a_one_row_cpu_step_runs_on_one_thread_and_restores_the_count():
+    from meshlm.generate.decode import _one_thread_for_one_row
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with _one_thread_for_one_row(1, torch.device("cpu")):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with _one_thread_for_one_row(4, torch.device("cpu")):  # several rows (or prefill): the process's threads
+            assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match="boom"), _one_thread_for_one_row(1, torch.device("cpu")):
+            raise RuntimeError("boom")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -19,6 +19,9 @@ pipelined models, reward heads, LoRA dropout in training mode; see packed.py); c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,6 +81,13 @@ class FastForward:
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.model.layers)}")
         if padding_mask is not None and tuple(padding_mask.shape) != (B, S):
             raise ValueError(f"padding_mask must be (B, S) = {(B, S)}, got {tuple(padding_mask.shape)}")
+        with _one_thread_for_one_row(B * T, tokens.device):
+            return self._forward(tokens, cache, start_pos, position_ids, padding_mask)
+
+    def _forward(self, tokens: torch.Tensor, cache: list[KVCache], start_pos: int, position_ids: torch.Tensor | None,
+                 padding_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T = tokens.shape
+        S = start_pos + T
         w = self.weights(B)
         cos, sin = self._rope(B, T, start_pos, position_ids)
         masks = self._masks(w, T, S, padding_mask, tokens.device)
@@ -105,6 +115,24 @@ class FastForward:
         gate_up = _project(h, layer.w13)  # (B·T, 2F)
         F_ = gate_up.shape[1] // 2
         return torch.addmm(x, F.silu(gate_up[:, :F_]) * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
+
+
+@contextmanager
+def _one_thread_for_one_row(rows: int, device: torch.device) -> Iterator[None]:
+    """A CPU step of one row (a single stream's decode step) runs on one intra-op thread: its ~200 matrix-vector
+    products and few thousand small ops each pay an OpenMP fork and barrier per extra thread, which cost more than
+    the second thread's bandwidth brings (SmolLM2-135M, quiet: 43.6 ms a step on one thread, 48.3 ms on two;
+    docs/benchmarks.md "Decoding"). More rows, or prefill, keep the process's threads. The thread count is the
+    process's (torch has one intra-op pool), restored after the step."""
+    threads = torch.get_num_threads()
+    if rows != 1 or device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _project(x: torch.Tensor, matrices: list[torch.Tensor], bias: torch.Tensor | None = None) -> torch.Tensor:
