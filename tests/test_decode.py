@@ -61,10 +61,12 @@ def test_logits_equal_the_plain_forward_at_prefill_and_each_step(arch):
             torch.testing.assert_close(fast(token, cache=fast_cache, start_pos=pos), want, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch, rows", [("llama", 4), ("mistral-window", 4), ("qwen2-bias", 8), ("llama", 8)])
+@pytest.mark.parametrize("arch, rows", [("llama", 1), ("qwen2-bias", 1), ("mistral-window", 4), ("qwen2-bias", 8),
+                                        ("llama", 8)])
 def test_padded_batch_logits_equal_the_plain_forward(arch, rows):
-    # 4 rows take the row pack (fused copies), 8 the view pack (the model's own weights): ROW_PACK_MAX_BATCH
-    assert ROW_PACK_MAX_BATCH == 4
+    # a one-row decode step takes the row pack (fused copies); more rows (and every prefill of several tokens) the
+    # view pack (the model's own weights), multiplied with the operands swapped: ROW_PACK_MAX_BATCH
+    assert ROW_PACK_MAX_BATCH == 1
     model = tiny(**ARCHS[arch])
     cfg = SamplingConfig(max_new_tokens=10, eos_ids=(), pad_id=0, greedy=True)
     prompts = (PROMPTS * 2)[:rows]

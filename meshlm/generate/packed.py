@@ -7,11 +7,13 @@ and figures in docs/benchmarks.md, "Decoding"), for one row x (1, in):
 
 - x @ W stored (in, out) beats ``F.linear`` on the (out, in) weight for q/k/v, o, gate/up and the head
   (gate/up 576 -> 3072: 0.23 vs 0.63 ms; the 49k-row head 9.1 vs 14.8 ms), and loses for the down projection;
-- at 16 rows the (out, in) layout is as fast or faster for every matrix.
+- at 16 rows the (out, in) layout is as fast or faster for every matrix; and from 2 rows, computed with the
+  operands swapped (``(W xᵀ)ᵀ`` on the (out, in) weight, decode.py ``_swapped``), it is 1.3–4× faster than either
+  (session 10, two threads, weights streamed from memory as in a step).
 
-So the **row pack** (batches of up to :data:`ROW_PACK_MAX_BATCH` rows) holds copies: q/k/v as one (D, (H + 2 Hkv)
+So the **row pack** (a step of :data:`ROW_PACK_MAX_BATCH` row: a single stream's decode step) holds copies: q/k/v as one (D, (H + 2 Hkv)
 Dh) matrix, gate/up as one (D, 2F), o and the head transposed and contiguous; the down projection stays a view
-of the model's own weight. The **view pack** (larger batches) copies nothing: every matrix is a transposed view of
+of the model's own weight. The **view pack** (more rows: batches, prefill) copies nothing: every matrix is a transposed view of
 the model's parameter (q/k/v and gate/up as separate products). LoRA updates are merged in (a new tensor either
 way).
 
@@ -34,7 +36,7 @@ from meshlm.models.llama import Transformer
 from meshlm.models.lora import LoRALinear
 
 
-ROW_PACK_MAX_BATCH = 4
+ROW_PACK_MAX_BATCH = 1  # rows: from 2 rows the view pack, multiplied operands-swapped (decode.py _swapped), wins
 
 
 @dataclass
