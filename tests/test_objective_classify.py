@@ -144,7 +144,7 @@ def _given(tmp_path, *extra: str):
                              "schedule.name=constant", "schedule.warmup_steps=0", *extra])
     init_run_dir(tmp_path / "run", config_to_toml(cfg), resume=False)
     torch.manual_seed(0)
-    model = _BagOfWords()
+    model = _BagOfWords().eval()  # handed over in eval mode, as the encoder judge's classifier holds it
     return Trainer(cfg, tmp_path / "run", model=model, data=data), model, pairs, tokens
 
 
@@ -153,8 +153,9 @@ def test_a_given_model_trains_on_its_own_pair_batches(tmp_path):
     tokenized pairs; its head, a new module of the objective, runs at optimizer.new_modules_lr."""
     trainer, model, pairs, tokens = _given(tmp_path, "optimizer.new_modules_lr=5e-2")
     assert trainer.model is model and "given _BagOfWords" in trainer.describe()
+    assert model.training  # trains in training mode (dropout on) whatever mode it came in
     head = {id(p) for p in model.output.parameters()}
-    scales = {id(p): g["lr_scale"] for g in trainer.optimizers[0].param_groups for p in g["params"]}
+    scales = {id(p): g.get("lr_scale", 1.0) for g in trainer.optimizers[0].param_groups for p in g["params"]}
     assert {scales[i] for i in head} == {5.0} and {s for i, s in scales.items() if i not in head} == {1.0}
     batch = trainer.train_loader.next_batch()
     trainer.train_loader.reset()
@@ -164,8 +165,10 @@ def test_a_given_model_trains_on_its_own_pair_batches(tmp_path):
                                                     batch["class_ids"])
     first = trainer.train_step()
     assert float(first["loss"]) == pytest.approx(float(by_hand), rel=1e-5)
-    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == [1e-2 * g["lr_scale"]
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == [1e-2 * g.get("lr_scale", 1.0)
                                                                       for g in trainer.optimizers[0].param_groups]
+    # only the head's groups carry a scale: without new_modules_lr the groups are as older checkpoints hold them
+    assert sum("lr_scale" in g for g in trainer.optimizers[0].param_groups) == 2
     trainer.train()
     enc = tokens.batch([p for p, _, _ in pairs], [r for _, r, _ in pairs], 32)
     with torch.no_grad():

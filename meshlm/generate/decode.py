@@ -122,8 +122,9 @@ def _one_thread_for_one_row(rows: int, device: torch.device) -> Iterator[None]:
     """A CPU step of one row (a single stream's decode step) runs on one intra-op thread: its ~200 matrix-vector
     products and few thousand small ops each pay an OpenMP fork and barrier per extra thread, which cost more than
     the second thread's bandwidth brings (SmolLM2-135M, quiet: 43.6 ms a step on one thread, 48.3 ms on two;
-    docs/benchmarks.md "Decoding"). More rows, or prefill, keep the process's threads. The thread count is the
-    process's (torch has one intra-op pool), restored after the step."""
+    docs/benchmarks.md "Decoding"). More rows, or prefill, keep the process's threads. ``torch.set_num_threads``
+    sets the calling thread's count and the default of threads that start using torch meanwhile; it is restored
+    after the step (a server thread whose first torch call falls inside a one-row step keeps one thread)."""
     threads = torch.get_num_threads()
     if rows != 1 or device.type != "cpu" or threads == 1:
         yield
@@ -145,7 +146,8 @@ def _swapped(x: torch.Tensor, w: torch.Tensor) -> bool:
     view or than an (in, out) copy, for every decode matrix of SmolLM2 and its 49k-row head (docs/benchmarks.md
     "Decoding"); for one row, ``x @ w`` is as fast or faster, and from ~64 rows (a prefill) the plain product wins
     back (batch-8 prefill of 32-token prompts: 528 ms plain, 661 ms swapped)."""
-    return 1 < x.shape[0] <= SWAP_MAX_ROWS and w.dim() == 2 and w.stride(0) == 1 and w.stride(1) != 1
+    return (x.device.type == "cpu" and 1 < x.shape[0] <= SWAP_MAX_ROWS and w.dim() == 2 and w.stride(0) == 1
+            and w.stride(1) != 1)  # measured on CPU only: CUDA keeps the plain product
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

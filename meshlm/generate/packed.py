@@ -36,7 +36,9 @@ from meshlm.models.llama import Transformer
 from meshlm.models.lora import LoRALinear
 
 
-ROW_PACK_MAX_BATCH = 1  # rows: from 2 rows the view pack, multiplied operands-swapped (decode.py _swapped), wins
+ROW_PACK_MAX_BATCH = 1  # CPU rows: from 2 rows the view pack, multiplied operands-swapped (decode.py _swapped), wins
+# Elsewhere (CUDA: not measured) the threshold the row pack had before the swapped products.
+OTHER_DEVICE_ROW_PACK_MAX_BATCH = 4
 
 
 @dataclass
@@ -169,7 +171,8 @@ def packed_weights(model: Transformer, batch: int) -> PackedModel:
     """The pack for ``batch`` rows of ``model``'s current weights: the one made earlier when no parameter changed
     since, else new."""
     model = _inner(model)
-    rows = batch <= ROW_PACK_MAX_BATCH
+    cpu = next(model.parameters()).device.type == "cpu"
+    rows = batch <= (ROW_PACK_MAX_BATCH if cpu else OTHER_DEVICE_ROW_PACK_MAX_BATCH)
     key = _state_key(model)
     packs = _PACKS.setdefault(model, {})
     hit = packs.get(rows)

@@ -54,6 +54,7 @@ class _LoRAFunction(torch.autograd.Function):
         return out.view(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a double backward raises instead of missing the x Aᵀ path
     def backward(ctx, grad_out):
         flat, weight, lora_a, lora_b, xa = ctx.saved_tensors
         s = ctx.scaling

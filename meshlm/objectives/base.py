@@ -63,6 +63,11 @@ class Objective:
         """Sum of per-token losses over ``batch`` (fp32 scalar)."""
         raise NotImplementedError
 
+    def num_positions(self, batch: dict[str, torch.Tensor]) -> int:
+        """Input positions the step trains on (forward and backward): the trainer's ``positions_per_s`` and MFU.
+        Default: every element of ``input_ids``."""
+        return batch["input_ids"].numel()
+
     @property
     def frozen_forwards(self) -> int:
         """Forward passes without a gradient per trained sequence and step (a DPO reference model: 1); the

@@ -27,6 +27,10 @@ class KTOObjective(PreferenceObjective):
     config_keys = (*PreferenceObjective.config_keys, "desirable_weight", "undesirable_weight")
     sequences_per_row = 1  # the item's own row trains; its KL row runs forward only
 
+    def num_positions(self, batch: dict[str, torch.Tensor]) -> int:
+        """The items' own rows: the (B, 2, T) batch's KL rows run forward only (counted in frozen_forwards)."""
+        return batch["input_ids"].numel() // 2
+
     @property
     def frozen_forwards(self) -> int:
         """The policy's forward of the KL row, and the reference's of both rows unless precomputed."""

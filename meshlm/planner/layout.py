@@ -25,7 +25,8 @@ class Training:
     optimizer: str = "adamw"
     efficiency: float = 0.5  # achieved / peak FLOP/s of the matmul-heavy compute
     accounting: str = "engine"  # "engine": what meshlm allocates; "zero": the ZeRO paper's 2+2+12 bytes
-    # What a step computes besides one forward and backward per sequence (timing.py; memory does not model them):
+    # What a step computes besides one forward and backward per sequence (timing.py's compute, element-wise and
+    # optimizer time; memory and the collectives' payloads do not model them yet):
     lora_rank: int = 0  # > 0: LoRA adapters of this rank on lora_targets; the base weights are frozen
     lora_targets: tuple[str, ...] = ()  # the family spec's target names (q, k, v, o, gate, up, down)
     sequences_per_row: int = 1  # sequences the model runs per batch row (a preference pair: 2)

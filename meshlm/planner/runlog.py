@@ -36,7 +36,8 @@ def run_hardware(view: TrainerView):
     mem = torch.cuda.get_device_properties(view.device).total_memory / 2**30
     for key, hw in PRESETS.items():
         if key.split("-")[0].upper() in name and abs(hw.memory_gib - mem) < 0.2 * hw.memory_gib:
-            return dataclasses.replace(hw, memory_gib=mem)
+            saved = saved_efficiency(hw.name, view.cfg.training.precision)  # `meshlm plan --gpu NAME --calibrate`
+            return dataclasses.replace(hw, memory_gib=mem, efficiency=saved or hw.efficiency)
     return None
 
 

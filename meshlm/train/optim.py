@@ -12,9 +12,10 @@ from meshlm.models.init import canonical_name
 def param_groups(model: nn.Module, weight_decay: float, new_modules: tuple[str, ...] = (),
                  new_lr_scale: float = 1.0) -> list[dict]:
     """Weight decay on 2D+ weights (linears, embeddings); none on norms and biases. With ``new_lr_scale`` != 1
-    the parameters under ``new_modules`` (an objective's fresh head) form groups of their own whose ``lr_scale``
-    the trainer multiplies the scheduled rate by; otherwise every group's scale is 1 (and the groups are the two
-    above, as checkpoints written before this option hold them)."""
+    the parameters under ``new_modules`` (an objective's fresh head) form groups of their own carrying an
+    ``lr_scale`` that the trainer multiplies the scheduled rate by. Otherwise the groups are the two above with no
+    extra key, exactly as checkpoints written before this option hold them (DCP loads an optimizer state only
+    into groups with the same keys)."""
     groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -23,7 +24,7 @@ def param_groups(model: nn.Module, weight_decay: float, new_modules: tuple[str, 
         groups.setdefault((new, param.ndim >= 2), []).append(param)
     order = [(False, True), (False, False), (True, True), (True, False)]
     return [{"params": groups.get(key, []), "weight_decay": weight_decay if key[1] else 0.0,
-             "lr_scale": new_lr_scale if key[0] else 1.0}
+             **({"lr_scale": new_lr_scale} if key[0] else {})}
             for key in order if key in groups or key == (False, True)]
 
 

@@ -156,7 +156,7 @@ class Trainer:
             raise ConfigError(f"a model given to the Trainer trains as built on one device with its own data; "
                               f"remove {', '.join(refused)}")
         torch.manual_seed(tc.seed)
-        return model.to(self.device)
+        return model.to(self.device).train()  # a caller may hand it over in eval mode; dropout is part of training
 
     @property
     def model(self) -> torch.nn.Module:
@@ -316,7 +316,7 @@ class Trainer:
         self._pending_tokens = self._pending_tokens + global_tokens  # folded into tokens_seen when read
         return {"step": self.step, "loss": engine.loss_sum(local_loss) / global_tokens, "lr": lr,
                 "grad_norm": grad_norm, "skipped": skipped, "tokens": global_tokens,
-                "positions": batch["input_ids"].numel() * engine.dp_size}
+                "positions": self.objective.num_positions(batch) * engine.dp_size}
 
     # Tokens of steps not yet read on the host (a device tensor); reading tokens_seen folds them in.
     _pending_tokens: torch.Tensor | int = 0
