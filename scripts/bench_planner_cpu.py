@@ -10,7 +10,7 @@
    training run's own prediction does, planner/runlog.py), the calibrated efficiency; LoRA as the planner models
    it (frozen weights skip their weight-gradient matmuls; only the adapters are updated).
 
-Prints a markdown table and, with --json, one JSON line. Take it on a quiet machine (the load is printed).
+Prints a markdown table, or with --json one JSON document instead. Take it on a quiet machine (the load is printed).
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ def main() -> None:
               "efficiency": efficiency, "matmul_peak_flops": peak, "load_at_start": load, "steps": rows,
               "lora_to_full": {"predicted": rows["lora"]["predicted_s"] / rows["full"]["predicted_s"],
                                "measured": rows["lora"]["measured_s"] / rows["full"]["measured_s"]}}
+    if args.json:  # stdout is the JSON document alone
+        print(json.dumps(result))
+        return
     print(f"# planner vs measured step, {args.checkpoint}, {args.batch} x {args.seq}, fp32, "
           f"{result['threads']} threads, peak {peak / 1e9:.1f} GFLOP/s, calibrated efficiency {efficiency:.3f}, "
           f"load {load:.2f} at the start\n")
@@ -66,8 +69,6 @@ def main() -> None:
     for name, row in rows.items():
         print(f"| {name} | {row['predicted_s']:.2f} | {row['measured_s']:.2f} | {row['error']:+.1%} |")
     print(f"| LoRA / full | {result['lora_to_full']['predicted']:.2f} | {result['lora_to_full']['measured']:.2f} | |")
-    if args.json:
-        print(json.dumps(result))
 
 
 if __name__ == "__main__":
