@@ -143,7 +143,8 @@ def test_the_fused_lora_step_equals_the_plain_formula(bias):
     from meshlm.models.lora import LoRALinear
 
     torch.manual_seed(0)
-    layer = LoRALinear(48, 80, bias, 8, 16.0, 0.0)
+    layer = LoRALinear(48, 80, bias, 8, 16.0, 0.0)  # its adapters start as torch.empty: draw both
+    layer.reset_lora(torch.Generator().manual_seed(0))
     torch.nn.init.normal_(layer.lora_B, std=0.1)
     layer.weight.requires_grad_(False)
     if bias:
