@@ -80,18 +80,23 @@ def llama_server(binary: str, gguf: Path, slots: int, threads: int, work: Path):
         proc.wait(60)
 
 
-@contextmanager
-def meshlm_server(run: Path, threads: int, work: Path):
+def register(run: Path, work: Path) -> None:
+    """``run`` as bench:v1 in WORK/reg.sqlite, its safety gates marked passed (a benchmark, not a deployment)."""
     from meshlm.serve.registry import Registry
 
     (work / "report.json").write_text(json.dumps({"gates": {"passed": True}}))
-    registry = Registry(work / "reg.sqlite")
-    registry.add_checkpoint(run, "bench", work / "report.json")
+    Registry(work / "reg.sqlite").add_checkpoint(run, "bench", work / "report.json")
+
+
+@contextmanager
+def meshlm_server(threads: int, work: Path, weights: str = "fp32"):
+    """``meshlm serve`` of bench:v1 (:func:`register`) with ``--weights weights``."""
     port_file, log = work / "port.json", work / "meshlm-serve.log"
+    port_file.unlink(missing_ok=True)  # an earlier server's
     proc = subprocess.Popen([sys.executable, "-m", "meshlm", "serve", "--registry", str(work / "reg.sqlite"),
                              "--model", "bench:v1", "--audit", str(work / "audit.sqlite"), "--max-batch", "16",
                              "--max-queue", "256", "--device", "cpu", "--threads", str(threads), "--port", "0",
-                             "--port-file", str(port_file)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+                             "--port-file", str(port_file), "--weights", weights], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     try:
         deadline = time.monotonic() + 300
         while not port_file.is_file():
@@ -180,6 +185,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
     p.add_argument("--no-throughput", action="store_true")
+    p.add_argument("--meshlm-weights", default="fp32", help="meshlm serve --weights formats to measure, e.g. fp32,int8")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-llamacpp-") as tmp:  # the exports are hundreds of MB
@@ -191,7 +197,9 @@ def main() -> None:
         where = "" if row["greedy_equal"] else f", first difference at token {row['first_difference']}"
         print(f"{row['dtype']}: {row['prompt']!r}: tokenization equal {row['tokenization_equal']}, greedy ids equal "
               f"{row['greedy_equal']} ({row['tokens']} tokens{where})")
-    for name, figures in [("meshlm serve", report.get("meshlm"))] + list(report.get("llama.cpp", {}).items()):
+    mine = [(f"meshlm serve --weights {w}", report.get("meshlm" if w == "fp32" else f"meshlm {w}"))
+            for w in args.meshlm_weights.split(",")]
+    for name, figures in mine + list(report.get("llama.cpp", {}).items()):
         if figures:
             print(f"{name}: 1 client {figures['one_client']['tokens_per_s']} tok/s, {args.clients} clients "
                   f"{figures['many_clients']['tokens_per_s']} tok/s (errors {len(figures['many_clients']['errors'])})")
@@ -209,8 +217,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
     report = {"load_before": os.getloadavg(), "threads": args.threads,
               "greedy": greedy_check(args, work, {d: exports[d] for d in dtypes})}
     if not args.no_throughput:
-        with meshlm_server(args.checkpoint, args.threads, work) as url:
-            report["meshlm"] = serve_figures(url, args)
+        register(args.checkpoint, work)
+        for weights in args.meshlm_weights.split(","):
+            with meshlm_server(args.threads, work, weights) as url:
+                report["meshlm" if weights == "fp32" else f"meshlm {weights}"] = serve_figures(url, args)
         report["llama.cpp"] = {}
         for gguf in [exports["f32"], *args.gguf]:
             with llama_server(args.llama_server, gguf, args.clients, args.threads, work) as url:

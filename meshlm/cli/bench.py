@@ -47,6 +47,9 @@ def _register_generate(bsub) -> None:
     g.add_argument("--repeats", type=int, default=3, help="timed runs (the median is reported)")
     g.add_argument("--warmup", type=int, default=1)
     g.add_argument("--plain", action="store_true", help="the model's plain forward instead of the fast decode path")
+    g.add_argument("--weights", default="fp32", choices=("fp32", "int8"),
+                   help="int8: decode steps on int8 copies of the weights (CPU; faster, not the same logits; "
+                        "docs/model.md, 'int8 decode weights')")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate on the same weights; report the ratio and whether the "
@@ -112,13 +115,14 @@ def run_generate(args: argparse.Namespace) -> int:
                               "pass a policy checkpoint")
     r = bench_generate(model, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                        repeats=args.repeats, warmup=args.warmup, compare_hf=args.compare_hf, fast=not args.plain,
-                       device=device)
+                       device=device, weights=args.weights)
     r["checkpoint"] = str(ckpt)
     if args.json:
         emit(r)
         return 0
     print(f"{ckpt} ({r['params'] / 1e6:.1f}M params, {r['dtype']}) batch {r['batch']}, prompt {r['prompt_len']}, "
-          f"{r['new_tokens']} new tokens, {'plain forward' if args.plain else 'fast path'}, {r['device']} "
+          f"{r['new_tokens']} new tokens, {'plain forward' if args.plain else 'fast path'}, {r['weights']} weights, "
+          f"{r['device']} "
           f"({r['num_threads']} threads)")
     print(f"  {r['tokens_per_s']:,.1f} tokens/s, first token {1e3 * r['time_to_first_token_s']:.1f} ms, "
           f"{r['ms_per_step']:.1f} ms per decode step (bandwidth bound {r['bandwidth_bound_ms_per_step']:.1f} ms: "

@@ -35,6 +35,9 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--weights", default="fp32", choices=("fp32", "int8"),
+                   help="int8: decode steps on int8 copies of the weights (CPU; faster, not the same logits; "
+                        "docs/model.md, 'int8 decode weights')")
     p.add_argument("--json", action="store_true", help="print {text, ids, ...} per sample as JSON lines")
     p.set_defaults(handler=run)
 
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.num_samples):
         new = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, greedy=args.greedy, eos_id=eos_ids, seed=args.seed + i,
-                       device=args.device, vocab_limit=tokenizer.vocab_size)
+                       device=args.device, vocab_limit=tokenizer.vocab_size, weights=args.weights)
         ids = prompt + new
         stopped = bool(new) and new[-1] in eos_ids
         reply = tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=True).strip()

@@ -28,6 +28,9 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice); 1 is fastest for small models on a "
                         "busy machine")
+    p.add_argument("--weights", default="fp32", choices=("fp32", "int8"),
+                   help="int8: decode steps on int8 copies of every local model's weights (CPU; faster, not the "
+                        "same logits; docs/model.md, 'int8 decode weights')")
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together per model (default 16)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting per model before new ones get 429 (default 64)")
@@ -69,6 +72,6 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions(registry=args.registry, models=args.model, host=args.host, port=args.port,
                            port_file=args.port_file, audit=audit, admin_token=read_token(args.admin_token_file),
                            force=args.force, device=args.device, max_batch=args.max_batch,
-                           max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap)
+                           max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap, weights=args.weights)
     serve(options)
     return 0

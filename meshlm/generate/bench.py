@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from meshlm.errors import CheckpointError, ConfigError
+from meshlm.generate.packed import pack
 from meshlm.generate.rollout import SamplingConfig, rollout
 from meshlm.interop.hf import hf_name
 from meshlm.interop.hf_config import transformers_model
@@ -51,14 +52,14 @@ def synthetic_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) ->
     return torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
 
 
-def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: torch.device
+def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: torch.device, weights: str = "fp32"
                   ) -> Callable[[int], torch.Tensor]:
     """new_tokens -> (B, N) greedy ids from meshlm's rollout sampler."""
     rows = prompts.tolist()
 
     def run(new_tokens: int) -> torch.Tensor:
         cfg = SamplingConfig(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, greedy=True)
-        return rollout(model, rows, cfg, device=device, fast=fast).response_ids
+        return rollout(model, rows, cfg, device=device, fast=fast, weights=weights).response_ids
 
     return run
 
@@ -123,6 +124,18 @@ def time_runners(runners: list[Callable[[int], torch.Tensor]], new_tokens: int, 
             for f, t, out in zip(full, first, outputs)]
 
 
+def decode_weight_bytes(model: nn.Module, weights: str = "fp32") -> int:
+    """Bytes of weights a decode step reads: every parameter once in fp32 (a tied head counts once); with int8
+    weights, each int8 matrix (a byte an entry and an fp32 scale a row) and the fp32 norms (the embedding is
+    only gathered)."""
+    if weights != "int8":
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+    packed = pack(model, "int8")
+    matrices = [packed.head] + [m for layer in packed.layers for m in (*layer.wqkv, layer.wo, *layer.w13, layer.w2)]
+    norms = [packed.norm] + [n for layer in packed.layers for n in (layer.attention_norm, layer.ffn_norm)]
+    return sum(m.shape[0] * m.shape[1] + 4 * m.shape[1] for m in matrices) + sum(4 * n.numel() for n in norms)
+
+
 def _figures(timing: dict[str, Any], batch: int, new_tokens: int) -> dict[str, float]:
     full, first = timing["full_s"], timing["first_token_s"]
     step = (full - first) / (new_tokens - 1) if new_tokens > 1 else float("nan")
@@ -132,7 +145,7 @@ def _figures(timing: dict[str, Any], batch: int, new_tokens: int) -> dict[str, f
 
 def bench_generate(model: nn.Module, *, batch: int, prompt_len: int, new_tokens: int, repeats: int = 3,
                    warmup: int = 1, compare_hf: bool = False, fast: bool = True,
-                   device: str | torch.device = "cpu", seed: int = 0) -> dict[str, Any]:
+                   device: str | torch.device = "cpu", seed: int = 0, weights: str = "fp32") -> dict[str, Any]:
     """The figures of the module docstring for ``model`` (a meshlm decoder on ``device``), and HF's beside them."""
     dev = torch.device(device)
     cfg = model.cfg
@@ -140,14 +153,15 @@ def bench_generate(model: nn.Module, *, batch: int, prompt_len: int, new_tokens:
         raise ConfigError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} exceed the model's context "
                           f"(model.max_seq_len = {cfg.max_seq_len}); lower one of them")
     prompts = synthetic_prompts(batch, prompt_len, cfg.vocab_size, seed)
-    runners = [meshlm_runner(model, prompts, fast, dev)]
+    runners = [meshlm_runner(model, prompts, fast, dev, weights)]
     if compare_hf:
         runners.append(hf_runner(hf_model_from(model), prompts, dev))
     timings = time_runners(runners, new_tokens, repeats, warmup, dev)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head counts once
+    weight_bytes = decode_weight_bytes(model, weights)
     rate = copy_rate(dev)
     result: dict[str, Any] = {
         "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats, "fast": fast,
+        "weights": weights,
         "device": str(dev), "num_threads": torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype),
         "params": model.num_params(), "weight_bytes": weight_bytes, "copy_bytes_per_s": rate,
         "bandwidth_bound_ms_per_step": 1e3 * weight_bytes / rate, **_figures(timings[0], batch, new_tokens)}

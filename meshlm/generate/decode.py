@@ -26,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshlm.generate.int8 import Int8Matrix, check_weight_format
 from meshlm.generate.packed import PackedLayer, PackedModel, _inner, packed_weights, unsupported_reason
 from meshlm.models.fused import rope_tables
+from meshlm.errors import ConfigError
 from meshlm.models.llama import KVCache, Transformer, attention_mask
 
 
@@ -42,12 +44,20 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 class FastForward:
     """A decoder's KV-cache forward on packed weights, last position only (module docstring)."""
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, weights: str = "fp32") -> None:
         self.model = _inner(model)
         self.cfg = self.model.cfg
+        param = next(self.model.parameters())
+        check_weight_format(weights, param.device, param.dtype)
+        self.weight_format = weights  # "fp32": the model's own weights; "int8": meshlm/generate/int8.py
 
-    def weights(self, batch: int) -> PackedModel:
-        return packed_weights(self.model, batch)  # repacked only when the model's parameters changed
+    def weights(self, batch: int, decode: bool = True) -> PackedModel:
+        """The pack for ``batch`` rows, repacked only when the parameters changed. int8 serves decode steps only: a
+        prefill runs the fp32 pack, because the int8 kernel quantises its input with one scale per call, and a
+        prompt's first tokens carry activations far larger than the rest (SmolLM2, relative L2 error of the logits:
+        0.73 at the first token after an int8 prefill, 0.15 over the decode steps after an fp32 one;
+        docs/benchmarks.md)."""
+        return packed_weights(self.model, batch, self.weight_format if decode else "fp32")
 
     def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):
         """Full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by every layer."""
@@ -81,14 +91,14 @@ class FastForward:
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.model.layers)}")
         if padding_mask is not None and tuple(padding_mask.shape) != (B, S):
             raise ValueError(f"padding_mask must be (B, S) = {(B, S)}, got {tuple(padding_mask.shape)}")
-        with _one_thread_for_one_row(B * T, tokens.device):
+        with _one_thread_for_one_row(B * T, tokens.device, self.weight_format):
             return self._forward(tokens, cache, start_pos, position_ids, padding_mask)
 
     def _forward(self, tokens: torch.Tensor, cache: list[KVCache], start_pos: int, position_ids: torch.Tensor | None,
                  padding_mask: torch.Tensor | None) -> torch.Tensor:
         B, T = tokens.shape
         S = start_pos + T
-        w = self.weights(B * T)  # the pack for this many rows: one row (a decode step) or several
+        w = self.weights(B * T, decode=T == 1)  # the pack for this many rows: one row (a decode step) or several
         cos, sin = self._rope(B, T, start_pos, position_ids)
         masks = self._masks(w, T, S, padding_mask, tokens.device)
         x = F.embedding(tokens, w.embedding).view(B * T, -1)  # (B·T, D)
@@ -118,7 +128,7 @@ class FastForward:
 
 
 @contextmanager
-def _one_thread_for_one_row(rows: int, device: torch.device) -> Iterator[None]:
+def _one_thread_for_one_row(rows: int, device: torch.device, weights: str = "fp32") -> Iterator[None]:
     """A CPU step of one row (a single stream's decode step) runs on one intra-op thread: its ~200 matrix-vector
     products and few thousand small ops each pay an OpenMP fork and barrier per extra thread, which cost more than
     the second thread's bandwidth brings (SmolLM2-135M, quiet: 43.6 ms a step on one thread, 48.3 ms on two;
@@ -126,7 +136,7 @@ def _one_thread_for_one_row(rows: int, device: torch.device) -> Iterator[None]:
     sets the calling thread's count and the default of threads that start using torch meanwhile; it is restored
     after the step (a server thread whose first torch call falls inside a one-row step keeps one thread)."""
     threads = torch.get_num_threads()
-    if rows != 1 or device.type != "cpu" or threads == 1:
+    if rows != 1 or device.type != "cpu" or threads == 1 or weights != "fp32":
         yield
         return
     torch.set_num_threads(1)
@@ -150,15 +160,19 @@ def _swapped(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.stride(1) != 1)  # measured on CPU only: CUDA keeps the plain product
 
 
-def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _mm(x: torch.Tensor, w: torch.Tensor | Int8Matrix) -> torch.Tensor:
     """x (N, in) @ w (in, out) -> (N, out), contiguous."""
+    if isinstance(w, Int8Matrix):
+        return w(x)
     if _swapped(x, w):
         return torch.mm(w.t(), x.t()).t().contiguous()
     return torch.mm(x, w)
 
 
-def _addmm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """residual + x @ w, contiguous; the residual add rides in the GEMM either way."""
+def _addmm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Int8Matrix) -> torch.Tensor:
+    """residual + x @ w, contiguous; the residual add rides in the GEMM (fp32) or follows it (int8)."""
+    if isinstance(w, Int8Matrix):
+        return w(x).add_(residual)
     if _swapped(x, w):
         return torch.addmm(residual.t(), w.t(), x.t()).t().contiguous()
     return torch.addmm(residual, x, w)
@@ -202,9 +216,14 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return out.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, H·Dh)
 
 
-def fast_forward(model: nn.Module) -> nn.Module | FastForward:
+def fast_forward(model: nn.Module, weights: str = "fp32") -> nn.Module | FastForward:
     """The fast KV-cache forward for ``model`` (last-position logits, module docstring), or ``model`` itself when
-    the fast path does not apply to it."""
-    if unsupported_reason(model) is not None:
+    the fast path does not apply to it. ``weights="int8"`` multiplies int8 copies of the weights
+    (meshlm/generate/int8.py) and needs the fast path: a model it does not apply to is refused."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        if weights != "fp32":
+            raise ConfigError(f"--weights {weights} needs meshlm's packed decode path, which this model cannot use: "
+                              f"{reason}")
         return model
-    return FastForward(model)
+    return FastForward(model, weights)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from meshlm.generate.int8 import Int8Matrix
 from meshlm.models.head import OutputHead
 from meshlm.models.llama import Transformer
 from meshlm.models.lora import LoRALinear
@@ -119,35 +120,43 @@ def _matrices(weights: list[torch.Tensor], fuse: bool) -> list[torch.Tensor]:
     return [w.t() for w in weights]
 
 
-def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, rows: bool) -> PackedLayer:
+def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, variant: str) -> PackedLayer:
     block = _inner(block)
     attn, ffn = _inner(block.attention), _inner(block.feed_forward)
     biases = [_bias(attn.wq), _bias(attn.wk), _bias(attn.wv)]
+    bqkv = torch.cat(biases) if biases[0] is not None else None
     qk_norm = None
     if attn.q_norm is not None:
         qk_norm = torch.cat([attn.q_norm.weight.detach().expand(n_heads, -1),
                              attn.k_norm.weight.detach().expand(n_kv_heads, -1)])  # (H + Hkv, Dh)
-    return PackedLayer(
-        attention_norm=block.attention_norm.weight.detach(),
-        wqkv=_matrices([_weight(attn.wq), _weight(attn.wk), _weight(attn.wv)], rows),
-        bqkv=torch.cat(biases) if biases[0] is not None else None,
-        qk_norm=qk_norm,
-        wo=_matrices([_weight(attn.wo)], rows)[0],
-        ffn_norm=block.ffn_norm.weight.detach(),
-        w13=_matrices([_weight(ffn.w1), _weight(ffn.w3)], rows),
-        w2=_weight(ffn.w2).t(),
-        window=window)
+    qkv, gate_up = [_weight(attn.wq), _weight(attn.wk), _weight(attn.wv)], [_weight(ffn.w1), _weight(ffn.w3)]
+    common = dict(attention_norm=block.attention_norm.weight.detach(), qk_norm=qk_norm,
+                  ffn_norm=block.ffn_norm.weight.detach(), window=window)
+    if variant == "int8":  # fused q/k/v (bias folded in) and gate/up, each one int8 matrix
+        return PackedLayer(wqkv=[Int8Matrix(torch.cat(qkv), bqkv)], bqkv=None, wo=Int8Matrix(_weight(attn.wo)),
+                           w13=[Int8Matrix(torch.cat(gate_up))], w2=Int8Matrix(_weight(ffn.w2)), **common)
+    rows = variant == "rows"
+    return PackedLayer(wqkv=_matrices(qkv, rows), bqkv=bqkv, wo=_matrices([_weight(attn.wo)], rows)[0],
+                       w13=_matrices(gate_up, rows), w2=_weight(ffn.w2).t(), **common)
+
+
+PACK_VARIANTS = ("rows", "views", "int8")
 
 
 @torch.no_grad()
-def pack(model: Transformer, rows: bool) -> PackedModel:
-    """``model``'s weights in the row pack (``rows``) or the view pack (see the module docstring)."""
+def pack(model: Transformer, variant: str) -> PackedModel:
+    """``model``'s weights in the row pack, the view pack (see the module docstring) or as int8 matrices
+    (meshlm/generate/int8.py)."""
+    if variant not in PACK_VARIANTS:
+        raise ValueError(f"pack variant must be one of {PACK_VARIANTS}, got {variant!r}")
     model = _inner(model)
     cfg = model.cfg
-    layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads, rows)
+    layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads, variant)
               for name, block in model.layers.items()]
+    out = _weight(model.output)
+    head = Int8Matrix(out) if variant == "int8" else _matrices([out], variant == "rows")[0]
     return PackedModel(embedding=model.tok_embeddings.weight.detach(), layers=layers,
-                       norm=model.norm.weight.detach(), head=_matrices([_weight(model.output)], rows)[0],
+                       norm=model.norm.weight.detach(), head=head,
                        norm_eps=cfg.norm_eps, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                        head_dim=cfg.resolved_head_dim)
 
@@ -164,21 +173,25 @@ def _state_key(model: nn.Module) -> tuple:
     return tuple(key)
 
 
-_PACKS: "weakref.WeakKeyDictionary[nn.Module, dict[bool, tuple[tuple, PackedModel]]]" = weakref.WeakKeyDictionary()
+_PACKS: "weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[tuple, PackedModel]]]" = weakref.WeakKeyDictionary()
 
 
-def packed_weights(model: Transformer, batch: int) -> PackedModel:
-    """The pack for ``batch`` rows of ``model``'s current weights: the one made earlier when no parameter changed
+def packed_weights(model: Transformer, batch: int, weights: str = "fp32") -> PackedModel:
+    """The pack for ``batch`` rows of ``model``'s current weights in format ``weights`` (fp32: the row or the
+    view pack by the batch; int8: one pack for every batch): the one made earlier when no parameter changed
     since, else new."""
     model = _inner(model)
-    cpu = next(model.parameters()).device.type == "cpu"
-    rows = batch <= (ROW_PACK_MAX_BATCH if cpu else OTHER_DEVICE_ROW_PACK_MAX_BATCH)
+    if weights == "int8":
+        variant = "int8"
+    else:
+        cpu = next(model.parameters()).device.type == "cpu"
+        variant = "rows" if batch <= (ROW_PACK_MAX_BATCH if cpu else OTHER_DEVICE_ROW_PACK_MAX_BATCH) else "views"
     key = _state_key(model)
     packs = _PACKS.setdefault(model, {})
-    hit = packs.get(rows)
+    hit = packs.get(variant)
     if hit is not None and hit[0] == key:
         return hit[1]
-    packs.pop(rows, None)  # free the stale copy before making the new one
-    packed = pack(model, rows)
-    packs[rows] = (key, packed)
+    packs.pop(variant, None)  # free the stale copy before making the new one
+    packed = pack(model, variant)
+    packs[variant] = (key, packed)
     return packed

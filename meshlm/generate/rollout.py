@@ -149,18 +149,20 @@ def unwrap(model: nn.Module) -> nn.Module:
 def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, *,
             generator: torch.Generator | None = None, device: torch.device | str = "cpu",
             all_finished: Callable[[bool], bool] | None = None, row_seeds: Sequence[int] | None = None,
-            prompt_width: int | None = None, fast: bool = True) -> Rollout:
+            prompt_width: int | None = None, fast: bool = True, weights: str = "fp32") -> Rollout:
     """Generate a response for every prompt, all rows decoded together with one KV cache.
 
     Stops when every row has emitted an eos (on every rank, with ``all_finished``) or after
     ``cfg.max_new_tokens``; N, the number of tokens up to where the last row ended (with ``all_finished``: the
     steps taken, the same on every rank), is the responses' width. ``row_seeds`` (one per
     prompt) replaces ``generator`` by per-row inverse-CDF sampling; ``prompt_width`` fixes P (module docstring).
-    ``fast=False`` runs the model's plain forward instead of the fast decode path (meshlm/generate/decode.py).
+    ``fast=False`` runs the model's plain forward instead of the fast decode path (meshlm/generate/decode.py);
+    ``weights="int8"`` decodes on int8 copies of the weights (meshlm/generate/int8.py; not for training rollouts,
+    whose log-probabilities must be the policy's own).
     """
     cfg.validate()
     net = unwrap(model)
-    forward = fast_forward(net) if fast else net
+    forward = fast_forward(net, weights) if fast or weights != "fp32" else net
     prompt_ids, prompt_mask = left_pad(prompts, cfg.pad_id, device, prompt_width)
     if row_seeds is not None and len(row_seeds) != len(prompts):
         raise ConfigError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")

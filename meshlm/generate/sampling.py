@@ -72,14 +72,15 @@ def _next_token(logits: torch.Tensor, *, greedy: bool, temperature: float, top_k
 def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
              eos_id: int | Iterable[int] | None = None, seed: int = 0, device: torch.device | str = "cpu",
-             vocab_limit: int | None = None, fast: bool = True) -> list[int]:
+             vocab_limit: int | None = None, fast: bool = True, weights: str = "fp32") -> list[int]:
     """Continue prompt_ids and return only the new ids.
 
     Stops after max_new_tokens, after emitting eos_id (or any of several eos ids; included), or when prompt +
     output reaches model.max_seq_len. ``vocab_limit`` excludes embedding rows beyond the tokenizer (padded
     vocabularies) from sampling. The model must already be on `device`. Sampling uses a local generator seeded with
     `seed`, so the same call gives the same ids and the global RNG is untouched. ``fast=False`` runs the model's
-    plain forward instead of the fast decode path (meshlm/generate/decode.py; the same ids, tested).
+    plain forward instead of the fast decode path (meshlm/generate/decode.py; the same ids, tested); ``weights``
+    "int8" decodes on int8 copies of the weights (meshlm/generate/int8.py: faster on CPU, not the same logits).
     """
     _check_request(model, prompt_ids, max_new_tokens, temperature, greedy, top_k, top_p)
     max_len = min(model.cfg.max_seq_len, len(prompt_ids) + max_new_tokens)
@@ -90,7 +91,7 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *, 
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stop = {eos_id} if isinstance(eos_id, int) else set(eos_id or ())
     out: list[int] = []
-    net = fast_forward(model) if fast else model
+    net = fast_forward(model, weights) if fast or weights != "fp32" else model
     with torch.inference_mode():
         cache = model.new_cache(1, max_len, device=device)
         tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T_prompt)

@@ -162,10 +162,10 @@ def endpoint_generator(base_url: str, model: str, *, max_tokens: int = 256, syst
 
 def checkpoint_generator(path: str | Path, *, max_new_tokens: int = 128, device: str = "cpu",
                          system: str | None = None, greedy: bool = True, temperature: float = 1.0,
-                         seed: int = 0) -> Generate:
+                         seed: int = 0, weights: str = "fp32") -> Generate:
     """Batched generation (greedy by default) from a meshlm checkpoint, each prompt as a one-turn chat in the
     checkpoint's chat template; see :mod:`meshlm.safety.generation`."""
     from meshlm.safety.generation import CheckpointGenerator
 
     return CheckpointGenerator(path, max_new_tokens=max_new_tokens, device=device, system=system, greedy=greedy,
-                               temperature=temperature, seed=seed)
+                               temperature=temperature, seed=seed, weights=weights)

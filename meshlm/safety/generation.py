@@ -19,7 +19,8 @@ from meshlm.errors import ConfigError
 
 class CheckpointGenerator:
     def __init__(self, path: str | Path, *, max_new_tokens: int = 128, device: str = "cpu",
-                 system: str | None = None, greedy: bool = True, temperature: float = 1.0, seed: int = 0) -> None:
+                 system: str | None = None, greedy: bool = True, temperature: float = 1.0, seed: int = 0,
+                 weights: str = "fp32") -> None:
         from meshlm.checkpoint.load import model_from_checkpoint
         from meshlm.data.posttrain import RowEncoder, pad_id_for
         from meshlm.generate.rollout import SamplingConfig
@@ -43,7 +44,7 @@ class CheckpointGenerator:
         if self.max_prompt < 1:
             raise ConfigError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in model.max_seq_len "
                               f"{cfg.model.max_seq_len}; lower it")
-        self.system, self.device = system, device
+        self.system, self.device, self.weights = system, device, weights
         self.generator = None if greedy else torch.Generator(device).manual_seed(seed)
 
     def prompt_ids(self, prompt: str) -> list[int]:
@@ -61,7 +62,7 @@ class CheckpointGenerator:
         # Batch rows of similar length together: less padding, and the batch's outputs do not depend on order.
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
         result = rollout(self.model, [encoded[i] for i in order], self.sampling, generator=self.generator,
-                         device=self.device)
+                         device=self.device, weights=self.weights)
         eos = set(self.sampling.eos_ids)
         texts: list[str] = [""] * len(prompts)
         for row, index in enumerate(order):

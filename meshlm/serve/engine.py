@@ -91,9 +91,10 @@ class BatchEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: MeshTokenizer, *, max_batch: int = 16,
                  max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine",
-                 bank: AdapterBank | None = None) -> None:
+                 bank: AdapterBank | None = None, weights: str = "fp32") -> None:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
-        self._fast = fast_forward(model)  # last-position logits on packed weights (meshlm/generate/decode.py)
+        # last-position logits on packed weights (meshlm/generate/decode.py); int8: meshlm/generate/int8.py
+        self._fast = fast_forward(model, weights)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.device = torch.device(device)
         self.context = model.cfg.max_seq_len

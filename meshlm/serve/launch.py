@@ -39,6 +39,7 @@ class ServeOptions:
     max_batch: int = 16
     max_queue: int = 64
     max_tokens_cap: int = 1024
+    weights: str = "fp32"  # the decode path's weight format (meshlm/generate/int8.py)
 
 
 def make_loader(opts: ServeOptions, registry=None):
@@ -56,7 +57,7 @@ def make_loader(opts: ServeOptions, registry=None):
     async def local(entry) -> LocalBackend:
         backend = await anyio.to_thread.run_sync(lambda: LocalBackend.load(
             entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
-            max_queue=opts.max_queue))
+            max_queue=opts.max_queue, weights=opts.weights))
         bases[entry.ref] = backend
         return backend
 

@@ -106,7 +106,7 @@ class LocalBackend:
 
     def __init__(self, ref: str, model: torch.nn.Module, tokenizer, template, eos_ids: list[int],
                  chat_eos_ids: list[int], *, max_tokens_cap: int, max_batch: int, max_queue: int,
-                 device: str) -> None:
+                 device: str, weights: str = "fp32") -> None:
         self.ref = ref
         self.tokenizer, self.template = tokenizer, template
         self.eos, self.chat_eos = frozenset(eos_ids), frozenset(chat_eos_ids)
@@ -117,11 +117,11 @@ class LocalBackend:
         self.bank = AdapterBank(model)  # LoRA adapters served on this base (none until one is loaded)
         self.holders = 1  # this version's own deployment, plus one per adapter version served on it
         self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
-                                  name=f"engine-{ref}", bank=self.bank)
+                                  name=f"engine-{ref}", bank=self.bank, weights=weights)
 
     @classmethod
     def load(cls, entry: ModelVersion, *, device: str = "cpu", max_tokens_cap: int = 1024, max_batch: int = 16,
-             max_queue: int = 64) -> LocalBackend:
+             max_queue: int = 64, weights: str = "fp32") -> LocalBackend:
         """Verify the files against the registry, load, and check the loaded weights' sha256 too (a LoRA
         checkpoint's base lives elsewhere; its change shows only there)."""
         folder = verify_files(entry)
@@ -136,7 +136,8 @@ class LocalBackend:
         end = tokenizer.special_ids.get("<|end|>")
         chat_eos = eos + ([end] if end is not None and end not in eos else [])
         return cls(entry.ref, model, tokenizer, chat_template_for(tokenizer, ckpt), eos, chat_eos,
-                   max_tokens_cap=max_tokens_cap, max_batch=max_batch, max_queue=max_queue, device=device)
+                   max_tokens_cap=max_tokens_cap, max_batch=max_batch, max_queue=max_queue, device=device,
+                   weights=weights)
 
     async def submit(self, job: Job, adapter: int = 0) -> LocalHandle:
         prompt = self._encode(job)
