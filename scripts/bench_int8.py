@@ -1,9 +1,9 @@
 """What int8 decode weights (``--weights int8``, meshlm/generate/int8.py) cost in accuracy on a real checkpoint.
 
-1. Logits, one row: for the first N embedded factual questions as one-turn chats, the fp32 greedy continuation
-   (``--tokens`` ids) is fed to both paths after the same fp32 prefill (teacher forcing); reported: the relative
-   L2 error of int8's logits at each step against fp32's, how often their top-1 ids agree, and where int8's own
-   greedy continuation (fp32 prefill, int8 steps) first leaves fp32's.
+1. Logits, one row: for the first N embedded factual questions as one-turn chats, each path prefills the prompt
+   with its own weights, then the fp32 greedy continuation (``--tokens`` ids) is fed to both (teacher forcing);
+   reported: the relative L2 error of int8's logits against fp32's at the first token (the prefill's) and over
+   the steps, how often their top-1 ids agree, and where int8's own greedy continuation first leaves fp32's.
 2. Factual accuracy (``--facts``): every embedded factual question (meshlm/safety/data), answered greedily in
    batches of ``--batch-size`` rows by the evaluation's generator with fp32 and with int8 weights (a batch shares
    one activation scale per product: the batch effect is in this figure).
@@ -30,9 +30,11 @@ def _steps(model, prompt: list[int], tokens: list[int], fp32: FastForward, int8:
     n = len(tokens)
     caches = [model.new_cache(1, len(prompt) + n) for _ in range(3)]
     ids = torch.tensor([prompt])
-    for cache in caches:
-        first = fp32(ids, cache=cache, start_pos=0)
-    errors, agree, free = [], 0, [int(first[0, -1].argmax())]
+    want = fp32(ids, cache=caches[0], start_pos=0)[0, -1]
+    first = int8(ids, cache=caches[1], start_pos=0)[0, -1]
+    int8(ids, cache=caches[2], start_pos=0)
+    first_error = float((first - want).norm() / want.norm())
+    errors, agree, free = [], 0, [int(first.argmax())]
     for i in range(n - 1):
         pos, step = len(prompt) + i, torch.tensor([[tokens[i]]])
         a, b = fp32(step, cache=caches[0], start_pos=pos)[0, -1], int8(step, cache=caches[1], start_pos=pos)[0, -1]
@@ -40,7 +42,7 @@ def _steps(model, prompt: list[int], tokens: list[int], fp32: FastForward, int8:
         agree += int(a.argmax() == b.argmax())
         free.append(int(int8(torch.tensor([[free[-1]]]), cache=caches[2], start_pos=pos)[0, -1].argmax()))
     diverge = next((i for i, (x, y) in enumerate(zip(free, tokens)) if x != y), n)
-    return statistics.mean(errors), agree / (n - 1), diverge
+    return statistics.mean(errors), agree / (n - 1), diverge, first_error
 
 
 def main() -> None:
@@ -72,6 +74,7 @@ def main() -> None:
             rows.append(_steps(model, prompt, tokens, fp32, int8))
     result = {"checkpoint": args.checkpoint, "prompts": len(rows), "tokens": args.tokens,
               "logits_rel_error_mean": statistics.mean(r[0] for r in rows),
+              "first_token_rel_error_mean": statistics.mean(r[3] for r in rows),
               "top1_agreement": statistics.mean(r[1] for r in rows),
               "free_run_divergence": [r[2] for r in rows],
               "identical_continuations": sum(r[2] == args.tokens for r in rows)}
@@ -88,7 +91,8 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"{result['prompts']} chat prompts, {args.tokens} tokens: int8 logits relative error "
-          f"{result['logits_rel_error_mean']:.3f}, top-1 agreement {result['top1_agreement']:.3f}, identical "
+          f"{result['first_token_rel_error_mean']:.3f} at the first token, {result['logits_rel_error_mean']:.3f} "
+          f"over the steps, top-1 agreement {result['top1_agreement']:.3f}, identical "
           f"greedy continuations {result['identical_continuations']}/{result['prompts']}, first divergence "
           f"{result['free_run_divergence']}")
     for weights in ("fp32", "int8"):

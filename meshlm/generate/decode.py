@@ -52,11 +52,10 @@ class FastForward:
         self.weight_format = weights  # "fp32": the model's own weights; "int8": meshlm/generate/int8.py
 
     def weights(self, batch: int, decode: bool = True) -> PackedModel:
-        """The pack for ``batch`` rows, repacked only when the parameters changed. int8 serves decode steps only: a
-        prefill runs the fp32 pack, because the int8 kernel quantises its input with one scale per call, and a
-        prompt's first tokens carry activations far larger than the rest (SmolLM2, relative L2 error of the logits:
-        0.73 at the first token after an int8 prefill, 0.15 over the decode steps after an fp32 one;
-        docs/benchmarks.md)."""
+        """The pack for ``batch`` rows, repacked only when the parameters changed. int8 serves decode steps only; a
+        prefill runs the fp32 pack: it is compute-bound, so int8 gains little there, and an int8 prefill doubles the
+        error of the cache every later step reads (SmolLM2: logits 0.28 off fp32's over the steps against 0.14;
+        docs/benchmarks.md "int8 decode weights")."""
         return packed_weights(self.model, batch, self.weight_format if decode else "fp32")
 
     def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):

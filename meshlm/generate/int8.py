@@ -11,13 +11,15 @@ FBGEMM's dynamic quantized linear (``torch.ops.quantized.linear_dynamic``), whic
 - quantises the activations per call to 8 bits (one affine scale for the whole (N, in) input, 7-bit range —
   ``reduce_range`` — so that the AVX2 u8 × s8 pair sums cannot saturate), multiplies in int32 and returns fp32.
   Since that scale is shared by the rows of a batch, each row is first divided by its own max |x| and the output
-  row multiplied back: per-row activation scales from a per-tensor kernel (SmolLM2's factual accuracy in
-  batches of 32: 0.524 without, 0.583 with, fp32 0.599).
+  row multiplied back: per-row activation scales from a per-tensor kernel. Without it one row's large
+  activations coarsen every other row's (SmolLM2's factual accuracy in batches of 32: 0.524 without, 0.583
+  with, fp32 0.599; a prompt's first tokens, whose activations are far larger than the rest, put the logits 73%
+  off fp32's when a whole prompt shared one scale).
 
 So the product differs from fp32's by both roundings (~1–2% relative error per matrix on random data; the effect
 on a real model's logits, greedy tokens and factual answers is measured in docs/benchmarks.md, and is why int8 is
-opt-in). The norms, RoPE, attention, the KV cache and the embedding lookup stay fp32, and a prefill runs the fp32
-weights (decode.py ``FastForward.weights``).
+opt-in). The norms, RoPE, attention, the KV cache and the embedding lookup stay fp32, and so does a prefill
+(decode.py ``FastForward.weights``).
 
 Limits: CPU only (FBGEMM); fp32 models only; built on torch's quantized-tensor API (``linear_prepack``), which
 torch 2.13 marks deprecated — meshlm pins torch, and the tests here fail loudly if a later torch drops it.
