@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from meshlm.generate.rollout import inverse_cdf
 from meshlm.serve.protocol import Sampling, TokenLogprob
 from meshlm.tokenizer import MeshTokenizer
 
@@ -157,7 +158,10 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 def sample_rows(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Sequence[float],
                 generators: Sequence[torch.Generator | None], vocab_limit: int | None = None) -> list[int]:
     """One token per row of (B, V) logits. Temperature 0 is greedy; otherwise the row samples from
-    softmax(logits / T) restricted to its top-p nucleus, with its own generator (its seed)."""
+    softmax(logits / T) restricted to its top-p nucleus by inverse CDF with one fp64 uniform drawn from its own
+    generator (its seed). One uniform a row, not ``torch.multinomial``, which draws one exponential per vocabulary
+    entry from the generator (SmolLM2's 49k: ~1.8 ms a row, 29 ms a step of 16 sampled rows — a third of an int8
+    decode step — against ~2 ms for the whole batch here)."""
     logits = logits.float()
     if vocab_limit is not None and vocab_limit < logits.shape[-1]:
         logits[:, vocab_limit:] = float("-inf")
@@ -174,11 +178,12 @@ def sample_rows(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Seq
         drop_sorted = (probs.cumsum(-1) - probs) >= top_p[:, None]  # mass ranked strictly above >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scaled = scaled.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)  # (B, V)
+    sampled = (~greedy).nonzero().squeeze(1).tolist()
+    probs = torch.softmax(scaled[sampled], dim=-1)  # (S, V)
+    uniforms = torch.cat([torch.rand(1, generator=generators[row], dtype=torch.float64) for row in sampled])
     out = tokens.tolist()
-    for row in range(len(out)):
-        if not bool(greedy[row]):
-            out[row] = int(torch.multinomial(probs[row], 1, generator=generators[row]))
+    for row, token in zip(sampled, inverse_cdf(probs, uniforms.to(probs.device)).tolist()):
+        out[row] = token
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from meshlm.generate.decode import fast_forward
+from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.rollout import left_pad
 from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
@@ -95,6 +95,8 @@ class BatchEngine:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
         # last-position logits on packed weights (meshlm/generate/decode.py); int8: meshlm/generate/int8.py
         self._fast = fast_forward(model, weights)
+        if isinstance(self._fast, FastForward):
+            self._fast.weights(1)  # the one-row (or int8) pack made at load, not in the first request's time
         self.max_batch, self.max_queue = max_batch, max_queue
         self.device = torch.device(device)
         self.context = model.cfg.max_seq_len
