@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from meshlm.errors import CheckpointError, ConfigError
-from meshlm.generate.packed import pack
+from meshlm.generate.packed import packed_weights
 from meshlm.generate.rollout import SamplingConfig, rollout
 from meshlm.interop.hf import hf_name
 from meshlm.interop.hf_config import transformers_model
@@ -130,7 +130,7 @@ def decode_weight_bytes(model: nn.Module, weights: str = "fp32") -> int:
     only gathered)."""
     if weights != "int8":
         return sum(p.numel() * p.element_size() for p in model.parameters())
-    packed = pack(model, "int8")
+    packed = packed_weights(model, 1, "int8")  # the pack the timed runs use
     matrices = [packed.head] + [m for layer in packed.layers for m in (*layer.wqkv, layer.wo, *layer.w13, layer.w2)]
     norms = [packed.norm] + [n for layer in packed.layers for n in (layer.attention_norm, layer.ffn_norm)]
     return sum(m.shape[0] * m.shape[1] + 4 * m.shape[1] for m in matrices) + sum(4 * n.numel() for n in norms)
