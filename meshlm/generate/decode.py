@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshlm.errors import ConfigError
 from meshlm.generate.int8 import Int8Matrix, check_weight_format
 from meshlm.generate.packed import PackedLayer, PackedModel, _inner, packed_weights, unsupported_reason
 from meshlm.models.fused import rope_tables
-from meshlm.errors import ConfigError
 from meshlm.models.llama import KVCache, Transformer, attention_mask
 
 

@@ -1,4 +1,4 @@
-"""The decoder's weights laid out for inference, in two variants chosen by the batch (meshlm/generate/decode.py).
+"""The decoder's weights laid out for inference: two fp32 variants chosen by the batch, and an int8 one (decode.py).
 
 Decoding multiplies one row (or a few) by every weight, so a step is ~200 matrix products whose cost is reading
 the weights plus a fixed dispatch cost per op, and which BLAS path is fastest depends on the weight's layout and
@@ -16,6 +16,9 @@ Dh) matrix, gate/up as one (D, 2F), o and the head transposed and contiguous; th
 of the model's own weight. The **view pack** (more rows: batches, prefill) copies nothing: every matrix is a transposed view of
 the model's parameter (q/k/v and gate/up as separate products). LoRA updates are merged in (a new tensor either
 way).
+
+A third variant, the **int8 pack** (``--weights int8``: decode steps of any batch), holds every matrix as an
+:class:`~meshlm.generate.int8.Int8Matrix` — q/k/v fused (their bias folded in), o, gate/up fused, down, the head.
 
 A pack is made once and reused while the model's parameters are unchanged: :func:`packed_weights` keeps one of
 each variant per model and rebuilds it when any parameter was modified in place (an optimizer step bumps a
