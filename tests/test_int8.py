@@ -135,6 +135,11 @@ def test_refusals_name_the_key():
         fast_forward(torch.nn.Linear(2, 2), "int8")
     assert fast_forward(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear  # fp32: the model's own forward
     assert fast_forward(model).__class__ is FastForward
+    with pytest.raises(ConfigError, match="fast=False"):
+        generate(model, [5, 6], 2, greedy=True, fast=False, weights="int8")
+    with pytest.raises(ConfigError, match="fast=False"):
+        rollout(model, [[5, 6]], SamplingConfig(max_new_tokens=2, eos_ids=(), pad_id=0, greedy=True), fast=False,
+                weights="int8")
 
 
 def test_the_cli_refuses_an_unknown_weight_format_before_loading_anything():
@@ -144,3 +149,6 @@ def test_the_cli_refuses_an_unknown_weight_format_before_loading_anything():
                            text=True)
         assert r.returncode == 2
         assert "--weights" in r.stderr and "int4" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "meshlm", "bench", "generate", "--checkpoint", "nowhere", "--plain",
+                        "--weights", "int8"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--plain" in r.stderr and "Traceback" not in r.stderr

@@ -105,6 +105,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if min(args.batch, args.prompt_len, args.new_tokens, args.repeats) < 1 or args.warmup < 0:
         raise ConfigError("--batch, --prompt-len, --new-tokens and --repeats must be at least 1, --warmup at least 0")
+    if args.plain and args.weights != "fp32":
+        raise ConfigError(f"--plain runs the model's own fp32 forward; --weights {args.weights} needs the fast path: "
+                          "drop one of them")
     from meshlm.checkpoint.load import model_from_checkpoint
     from meshlm.generate.bench import bench_generate
 

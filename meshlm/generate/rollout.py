@@ -162,7 +162,9 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
     """
     cfg.validate()
     net = unwrap(model)
-    forward = fast_forward(net, weights) if fast or weights != "fp32" else net
+    if not fast and weights != "fp32":
+        raise ConfigError(f"weights {weights!r} decode on the fast path; fast=False runs the model's own fp32 forward")
+    forward = fast_forward(net, weights) if fast else net
     prompt_ids, prompt_mask = left_pad(prompts, cfg.pad_id, device, prompt_width)
     if row_seeds is not None and len(row_seeds) != len(prompts):
         raise ConfigError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")

@@ -91,7 +91,9 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, *, 
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     stop = {eos_id} if isinstance(eos_id, int) else set(eos_id or ())
     out: list[int] = []
-    net = fast_forward(model, weights) if fast or weights != "fp32" else model
+    if not fast and weights != "fp32":
+        raise ConfigError(f"weights {weights!r} decode on the fast path; fast=False runs the model's own fp32 forward")
+    net = fast_forward(model, weights) if fast else model
     with torch.inference_mode():
         cache = model.new_cache(1, max_len, device=device)
         tokens = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T_prompt)
