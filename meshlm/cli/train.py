@@ -36,7 +36,8 @@ def default_run_dir(flavor: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshlm.distributed.launch import in_worker
+    # A missing or unreadable config is answered before torch is imported (worker_env reads the environment only).
+    from meshlm.distributed.worker_env import in_worker
 
     cfg = load_config(args.config, args.overrides, inherit=True)  # init_from's [model] keys fill the gaps
     if args.resume and not args.run_dir:
@@ -73,7 +74,8 @@ def _train(args: argparse.Namespace, cfg) -> int:
     """One rank (or the single device): train in this process."""
     import torch.distributed as dist
 
-    from meshlm.distributed.launch import in_worker, init_distributed
+    from meshlm.distributed.launch import init_distributed
+    from meshlm.distributed.worker_env import in_worker
     from meshlm.plots import plot_loss
     from meshlm.doctor.callbacks import run_callbacks
     from meshlm.train.run_dir import check_run_dir, write_run_dir
