@@ -201,7 +201,8 @@ def test_pair_major_micro_batches_keep_each_pair_whole():
     pairs, _ = encode_pairs(rows, RowEncoder(tok), 32)
     flat = PreferenceLoader(pairs, 32, 4, pad_id=0, shuffle=False).next_batch()  # (8, T): 4 chosen, 4 rejected
     major = PairMajor(PreferenceLoader(pairs, 32, 4, pad_id=0, shuffle=False), offset=10).next_batch()
-    assert major["input_ids"].shape == (4, 2, 32)
+    longest = max(len(e.ids) for p in pairs for e in (p.chosen, p.rejected))
+    assert major["input_ids"].shape == (4, 2, longest)  # padded to the batch's longest sequence
     assert torch.equal(pairs_to_rows(major)["input_ids"], flat["input_ids"])
     micro = pairs_to_rows({k: v[2:4] for k, v in major.items()})  # the trainer's slice of micro-batch 2 of 2
     assert torch.equal(micro["input_ids"], flat["input_ids"][[2, 3, 6, 7]])  # chosen 2, 3 then their rejected

@@ -155,13 +155,14 @@ def test_preference_loader_layout(tok, tmp_path):
     pairs, _ = encode_pairs(rows, RowEncoder(tok), max_tokens=16)
     loader = PreferenceLoader(pairs, 16, 2, pad_id=pad_id_for(tok), shuffle=False)
     batch = loader.next_batch()
-    assert batch["input_ids"].shape == (4, 16)
+    T = max(len(e.ids) for p in pairs for e in (p.chosen, p.rejected))  # padded to the longest, not to seq_len
+    assert T < 16 and batch["input_ids"].shape == (4, T)
     for row, (pair, side) in enumerate([(pairs[0], "chosen"), (pairs[1], "chosen"),
                                         (pairs[0], "rejected"), (pairs[1], "rejected")]):
         enc = getattr(pair, side)
         n = int(batch["lengths"][row])
         assert n == len(enc.ids) and batch["input_ids"][row, :n].tolist() == enc.ids
-        assert batch["attention_mask"][row].tolist() == [True] * n + [False] * (16 - n)
+        assert batch["attention_mask"][row].tolist() == [True] * n + [False] * (T - n)
         p = int(batch["prompt_lengths"][row])
         assert p == pair.prompt_len
         labels = batch["labels"][row]

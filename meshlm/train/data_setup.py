@@ -123,7 +123,8 @@ def open_posttrain_data(cfg: JobConfig, data_kind: str, dp_rank: int, dp_size: i
     elif data_kind in ("preference", "unpaired"):
         def loader(subset, batch, offset=0, **kw):
             pairs, stats = (encode_unpaired if data_kind == "unpaired" else encode_pairs)(subset, encoder, seq_len)
-            return PairMajor(PreferenceLoader(pairs, seq_len, batch, **common, **kw), offset), stats
+            sp = cfg.parallel.tp if cfg.parallel.tp > 1 and cfg.parallel.sequence_parallel else 1  # T splits over tp
+            return PairMajor(PreferenceLoader(pairs, seq_len, batch, **common, pad_multiple=sp, **kw), offset), stats
     elif data_kind == "prompt":
         def loader(subset, batch, offset=0, **kw):
             budget = prompt_budget(cfg)

@@ -8,7 +8,10 @@ without shuffling); global batch b is samples ``[b*G, (b+1)*G)`` and dp rank r o
 - :class:`SFTLoader`: an item is one sequence of ``seq_len`` positions (several rows when packed, one when
   not; see packing.py). Batches: ``input_ids``, ``labels``, ``position_ids``, ``document_ids``, all (B, T).
 - :class:`PreferenceLoader`: an item is one chosen/rejected pair. Batches have 2B rows, the B chosen sequences
-  first and then their B rejected ones, right-padded to ``seq_len``: ``input_ids``, ``labels``,
+  first and then their B rejected ones, right-padded to the batch's longest sequence (T = that length, rounded up
+  to ``pad_multiple``; at most ``seq_len``), not to ``seq_len``: pairs are often far shorter than ``seq_len``, and
+  the padding would be computed forward and backward, by the policy and its reference. Every quantity a pair
+  objective reads is a sum over a row's real tokens, so the width changes no loss. ``input_ids``, ``labels``,
   ``attention_mask`` (bool), ``position_ids``, ``document_ids`` (0 real, 1 padding), all (2B, T), and
   ``prompt_lengths`` and ``lengths`` (2B,): the response starts at ``prompt_lengths`` and the last real token
   is at ``lengths - 1`` (where a reward model reads its score); ``index`` (2B,) is each row's pair number.
@@ -159,8 +162,11 @@ class PreferenceLoader(_OrderedLoader):
     """Batches of chosen/rejected pairs (module docstring for the layout)."""
 
     def __init__(self, pairs: Sequence[PreferencePair], seq_len: int, global_batch_size: int, *, pad_id: int,
-                 dp_rank: int = 0, dp_size: int = 1, seed: int = 0, shuffle: bool = True) -> None:
-        self.pairs, self.seq_len, self.pad_id = list(pairs), seq_len, pad_id
+                 dp_rank: int = 0, dp_size: int = 1, seed: int = 0, shuffle: bool = True,
+                 pad_multiple: int = 1) -> None:
+        if pad_multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+        self.pairs, self.seq_len, self.pad_id, self.pad_multiple = list(pairs), seq_len, pad_id, pad_multiple
         longest = max((len(e.ids) for p in self.pairs for e in (p.chosen, p.rejected)), default=0)
         if longest > seq_len:
             raise DataError(f"a preference sequence has {longest} tokens, more than seq_len {seq_len}; "
@@ -178,7 +184,7 @@ class PreferenceLoader(_OrderedLoader):
         """The batch of pairs ``items`` (indices into ``pairs``), laid out as next_batch's."""
         picked = [self.pairs[i] for i in items]
         sides = [p.chosen for p in picked] + [p.rejected for p in picked]
-        T = self.seq_len
+        T = self.width(max((len(e.ids) for e in sides), default=1))
         batch = {
             "input_ids": np.full((len(sides), T), self.pad_id, dtype=np.int64),
             "labels": np.full((len(sides), T), IGNORE_INDEX, dtype=np.int64),
@@ -199,6 +205,11 @@ class PreferenceLoader(_OrderedLoader):
         if self.labelled:  # KTO: (2B,) the item's label on both its rows
             out["desirable"] = torch.tensor([bool(p.label) for p in picked] * 2, dtype=torch.bool)
         return out
+
+    def width(self, longest: int) -> int:
+        """A batch's T: its longest sequence rounded up to ``pad_multiple`` (sequence parallelism splits T over the
+        tp ranks), never above ``seq_len`` (the constructor checked that every sequence fits it)."""
+        return min(-(-max(longest, 1) // self.pad_multiple) * self.pad_multiple, self.seq_len)
 
 
 class PromptLoader(_OrderedLoader):
