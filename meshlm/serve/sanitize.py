@@ -8,6 +8,8 @@ download, a few hundred microseconds per prompt (docs/audit.md has the figures a
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -40,10 +42,14 @@ class Finding:
 
 def find_pii(text: str) -> list[Finding]:
     """Non-overlapping findings in ``text``, sorted by position."""
-    candidates = [Finding(s, e, t) for recognize in RECOGNIZERS for s, e, t in recognize(text) if e > s]
-    candidates.sort(key=lambda f: (-_PRIORITY[f.type], -(f.end - f.start), f.start))
+    return _resolve(Finding(s, e, t) for recognize in RECOGNIZERS for s, e, t in recognize(text) if e > s)
+
+
+def _resolve(candidates: Iterable[Finding]) -> list[Finding]:
+    """Keep the highest-priority, then longest, of overlapping findings."""
+    ranked = sorted(candidates, key=lambda f: (-_PRIORITY[f.type], -(f.end - f.start), f.start))
     taken: list[Finding] = []
-    for f in candidates:
+    for f in ranked:
         if all(f.end <= t.start or f.start >= t.end for t in taken):
             taken.append(f)
     return sorted(taken, key=lambda f: f.start)
@@ -54,6 +60,41 @@ def sanitize(text: str) -> str:
     if not text:
         return text
     return "".join(_pieces(text, find_pii(text)))
+
+
+# Words of a field name that say what its value is: an identifier's label, a secret, a name, an address.
+_FIELD_WORDS = re.compile(
+    r"ssn|ss|social|security|card|cc|credit|debit|iban|bic|swift|account|acct|routing|aba|sort|bsb|passport|"
+    r"licen[cs]e|driver|dl|dln|phone|tel|telephone|mobile|cell|fax|whatsapp|sms|tax|tin|itin|ein|nif|vat|"
+    r"national|nin|nino|sin|nhs|insurance|medicare|aadhaar|pan|cpf|dni|nie|id|ident|identifier|identity|number|"
+    r"num|no|nr|name|surname|address|addr|street|email|mail|ip|dob|birth|birthday|birthdate|born|key|token|"
+    r"secret|password|passwd|pass|pwd|pw|credential|credentials|auth|bearer|cvv|cvc|csc|pin|routing")
+
+
+@functools.lru_cache(maxsize=4096)
+def field_words(field: str) -> str:
+    """``"customerSSN"`` -> ``"customer SSN"``, ``"card_number"`` -> ``"card number"``: a field name as words."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=\d)|[^A-Za-z0-9]+", " ",
+                    field[:80])
+    return " ".join(spaced.split())
+
+
+@functools.lru_cache(maxsize=4096)
+def field_is_label(field: str | None) -> bool:
+    """Does the field's name say its value is personal ("ssn", "cardNumber", "billing_email", "dob")?"""
+    return field is not None and any(_FIELD_WORDS.fullmatch(w.lower()) for w in field_words(field).split())
+
+
+def sanitize_field(field: str | None, text: str) -> str:
+    """``text`` as the value of ``field``: a field named like a label labels its value, so {"ssn": "123456789"}
+    and {"cardNumber": "4111 1111 1111 1112"} are masked like "SSN: 123456789" would be. The value is also read
+    on its own, so the field never hides what the value alone shows."""
+    if not text or not field_is_label(field):
+        return sanitize(text)
+    prefix = field_words(field) + ": "
+    labelled = [Finding(max(f.start, len(prefix)) - len(prefix), f.end - len(prefix), f.type)
+                for f in find_pii(prefix + text) if f.end > len(prefix)]
+    return "".join(_pieces(text, _resolve([*find_pii(text), *labelled])))
 
 
 def _pieces(text: str, findings: list[Finding]) -> Iterator[str]:
