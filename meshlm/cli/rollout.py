@@ -23,6 +23,9 @@ def register(sub, add_config_args) -> None:
     start.add_argument("--share", type=float, required=True, help="fraction of users, in (0, 1]")
     start.add_argument("--force", action="store_true", help="roll out a version whose safety gates have not "
                                                            "passed (audited)")
+    start.add_argument("--pinnable", action="store_true",
+                       help="let any client ask for NAME:vN by version (off: only the rollout share reaches it, "
+                            "and requests carrying the admin token)")
     promote = rsub.add_parser("promote", help="make the candidate the stable version")
     rollback = rsub.add_parser("rollback", help="drop the candidate, or go back to the previous stable version")
     status = rsub.add_parser("status", help="deployments, loaded versions and their queues")
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--share {args.share}: give a fraction in (0, 1]")
         name, version = parse_ref(args.ref)
         result = call(args.server, token, "POST", "/admin/rollout",
-                      {"name": name, "version": version, "share": args.share, "force": args.force})
+                      {"name": name, "version": version, "share": args.share, "force": args.force,
+                       "pinnable": args.pinnable})
     elif command == "status":
         result = call(args.server, token, "GET", "/admin/status")
     else:
@@ -85,6 +89,8 @@ def _print(command: str, result: dict) -> None:
         line = f"{dep['name']}: stable {dep['stable_ref']}"
         if dep["candidate_ref"]:
             line += f", candidate {dep['candidate_ref']} at share {dep['share']:g}"
+            if dep.get("candidate") in dep.get("pinnable", []):
+                line += " (pinnable by version)"
         if dep["history"]:
             line += f", rollback to {dep['name']}:v{dep['history'][-1]}"
         print(line)

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from meshlm.serve.protocol import ApiError
+from meshlm.serve.registry import MAX_VERSION
 from meshlm.serve.rollout import Router
 from meshlm.serve.schemas import parse_body
 
@@ -40,14 +41,18 @@ def _name(body: dict[str, Any], router: Router) -> str:
 
 
 def _version(value: Any) -> int:
-    """3, "3", "v3" or "NAME:v3" -> 3."""
+    """3, "3", "v3" or "NAME:v3" -> 3; a version is 1 .. MAX_VERSION (what SQLite's INTEGER holds)."""
+    number = None
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, str):
         text = value.rsplit(":", 1)[-1].lstrip("v")
-        if text.isdigit():
-            return int(text)
-    raise ApiError(400, "version: give a version number such as 3 or \"v3\"", param="version")
+        if text.isdigit() and len(text) <= 20:
+            number = int(text)
+    if number is None or not 1 <= number <= MAX_VERSION:
+        raise ApiError(400, f"version: give a version number from 1 to {MAX_VERSION}, such as 3 or \"v3\"",
+                       param="version")
+    return number
 
 
 class AdminApi:
@@ -73,15 +78,17 @@ class AdminApi:
         async def act(body: dict) -> tuple[dict, dict]:
             name, version = _name(body, self.router), _version(body.get("version"))
             share, force = body.get("share"), body.get("force", False)
+            pinnable = body.get("pinnable", False)
             if isinstance(share, bool) or not isinstance(share, (int, float)):
                 raise ApiError(400, "share: a number in (0, 1]", param="share")
-            if not isinstance(force, bool):
-                raise ApiError(400, "force: true or false", param="force")
-            dep, entry = await self.router.start(name, version, float(share), force)
+            for key, value in (("force", force), ("pinnable", pinnable)):
+                if not isinstance(value, bool):
+                    raise ApiError(400, f"{key}: true or false", param=key)
+            dep, entry = await self.router.start(name, version, float(share), force, pinnable)
             forced = force and not entry.servable
             return ({"deployment": dep.to_json(), "forced": forced, "gate_status": entry.gate_status},
                     {"name": name, "version": entry.ref, "share": float(share), "forced": forced,
-                     "gate_status": entry.gate_status})
+                     "gate_status": entry.gate_status, "pinnable": pinnable})
         return await self._call(request, "rollout", act)
 
     async def promote(self, request: Request) -> Response:
@@ -114,12 +121,16 @@ class AdminApi:
         await self._write(record)
         return response
 
+    def is_admin(self, request: Request) -> bool:
+        """Does the request carry the admin bearer token (e.g. an OpenAI client whose api_key is the token)?"""
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        return (self._token is not None and scheme.lower() == "bearer"
+                and hmac.compare_digest(given.strip().encode(), self._token))
+
     def _authorize(self, request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
         if self._token is None:
             raise ApiError(401, "the admin API is disabled: start the server with --admin-token-file",
                            type="authentication_error", code="admin_disabled")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
+        if not self.is_admin(request):
             raise ApiError(401, "missing or wrong admin bearer token", type="authentication_error",
                            code="invalid_token")

@@ -33,6 +33,7 @@ from meshlm.sections import to_dict
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _REF = re.compile(r"^(?P<name>[^:]+):v?(?P<version>\d+)$")
 DEFAULT_REGISTRY = "meshlm-registry.sqlite"
+MAX_VERSION = 2**63 - 1  # SQLite's INTEGER: a larger number cannot even be looked up
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS versions (
@@ -101,7 +102,10 @@ def parse_ref(ref: str) -> tuple[str, int]:
     match = _REF.match(ref.strip()) if isinstance(ref, str) else None
     if not match:
         raise RegistryError(f"'{ref}' is not a version reference; write NAME:vN, e.g. tiny:v1")
-    return match["name"], int(match["version"])
+    version = int(match["version"]) if len(match["version"]) <= 20 else MAX_VERSION + 1
+    if not 1 <= version <= MAX_VERSION:
+        raise RegistryError(f"'{ref}': versions are numbered 1 to {MAX_VERSION}")
+    return match["name"], version
 
 
 def check_name(name: str) -> str:

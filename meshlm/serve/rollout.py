@@ -8,6 +8,12 @@ call changes the routing table at once: a request keeps the backend it was route
 on their version while new ones go to the new one. Versions no longer stable, candidate or first in line for a
 rollback are closed once their in-flight requests are done.
 
+Naming a version (``model: "NAME:vK"``) pins a request to it, past the rollout. A client may pin the stable
+version (the same answer as asking for NAME) and versions the operator opened with ``pinnable`` at rollout
+start; a request carrying the admin token may pin any loaded version. Every other pin is refused (403): a
+candidate at a 1% share must not serve everyone who guesses its name, nor the previous stable keep answering
+after a promote.
+
 The state of each name is written to the registry file on every change (``deployments`` table).
 """
 
@@ -32,6 +38,7 @@ class Deployment:
     candidate: int | None = None
     share: float = 0.0
     history: list[int] = field(default_factory=list)  # earlier stable versions, the latest last
+    pinnable: list[int] = field(default_factory=list)  # versions besides the stable one clients may name
 
     def refs(self) -> set[str]:
         """The versions to keep loaded: stable, candidate and the rollback target."""
@@ -68,16 +75,23 @@ class Router:
         return hmac.new(self._user_key, user.encode(), hashlib.sha256).hexdigest()[:32]
 
     # --- routing ---------------------------------------------------------------------------------------------
-    def route(self, model: str, user_hash: str | None, request_id: str) -> Backend:
-        """The backend for ``model``: a served NAME (rollout applies) or a loaded NAME:vN (pinned)."""
+    def route(self, model: str, user_hash: str | None, request_id: str, admin: bool = False) -> Backend:
+        """The backend for ``model``: a served NAME (rollout applies) or a loaded NAME:vN (pinned: the stable
+        version, a version opened as pinnable, or any loaded one for the admin token)."""
         if ":" in model:
             try:
                 name, version = parse_ref(model)
             except RegistryError:
                 raise _unknown(model) from None
-            backend = self.backends.get(f"{name}:v{version}")
+            ref = f"{name}:v{version}"
+            backend = self.backends.get(ref)
             if backend is None:
                 raise _unknown(model)
+            if not (admin or self.pinnable(ref)):
+                raise ApiError(403, f"{ref} is not open to requests by version: ask for model '{name}' (the rollout "
+                                    "places each user), or have the operator open it with `meshlm rollout start "
+                                    f"{ref} --pinnable`", type="permission_error", param="model",
+                               code="version_not_pinnable")
             return backend
         dep = self.deployments.get(model)
         if dep is None:
@@ -86,6 +100,12 @@ class Router:
         if dep.candidate is not None and bucket(dep.name, dep.candidate, user_hash or request_id) < dep.share:
             version = dep.candidate
         return self.backends[f"{dep.name}:v{version}"]
+
+    def pinnable(self, ref: str) -> bool:
+        """May any client name ``ref`` (NAME:vN)? Its name's stable version, or one opened as pinnable."""
+        name, version = parse_ref(ref)
+        dep = self.deployments.get(name)
+        return dep is not None and (version == dep.stable or version in dep.pinnable)
 
     # --- admin -----------------------------------------------------------------------------------------------
     async def serve(self, ref: str) -> Deployment:
@@ -97,7 +117,8 @@ class Router:
             self._changed(dep)
         return dep
 
-    async def start(self, name: str, version: int, share: float, force: bool) -> tuple[Deployment, ModelVersion]:
+    async def start(self, name: str, version: int, share: float, force: bool,
+                    pinnable: bool = False) -> tuple[Deployment, ModelVersion]:
         entry = self._entry(name, version)
         if not 0.0 < share <= 1.0:
             raise ApiError(400, f"share must be in (0, 1], got {share}", param="share")
@@ -110,6 +131,7 @@ class Router:
                 raise ApiError(409, f"{entry.ref} is already the stable version", code="already_stable")
             await self._ensure_loaded(entry)
             dep.candidate, dep.share = version, share
+            dep.pinnable = [version] if pinnable else []
             self._changed(dep)
         return dep, entry
 
@@ -119,7 +141,7 @@ class Router:
             if dep.candidate is None:
                 raise ApiError(409, f"{name} has no rollout in progress to promote", code="no_candidate")
             dep.history.append(dep.stable)
-            dep.stable, dep.candidate, dep.share = dep.candidate, None, 0.0
+            dep.stable, dep.candidate, dep.share, dep.pinnable = dep.candidate, None, 0.0, []
             self._changed(dep)
         return dep
 
@@ -137,6 +159,7 @@ class Router:
                 dep.stable = previous
             else:
                 raise ApiError(409, f"{name} has no previous version to roll back to", code="nothing_to_roll_back")
+            dep.pinnable = []
             self._changed(dep)
         return dep, what
 

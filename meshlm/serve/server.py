@@ -24,6 +24,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from meshlm.serve.admin import AdminApi, error_response
+from meshlm.serve.metrics import Metrics
+from meshlm.serve.operations import add_operations_routes
 from meshlm.serve.protocol import ApiError, Delta, Failed, Finished, Handle, TokenLogprob
 from meshlm.serve.rollout import Router
 from meshlm.serve.sanitize import sanitize
@@ -92,14 +94,39 @@ class Exchange:
     def fail(self, error: ApiError) -> None:
         self.status, self.error = error.status, error.message
 
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
 
 class Server:
-    """The app's state: router, audit log, admin token. ``app`` is the FastAPI application."""
+    """The app's state: router, audit log, admin token, metrics. ``app`` is the FastAPI application.
+
+    ``draining`` (set by :meth:`start_draining`, on SIGTERM) refuses new completion requests with 503 and turns
+    readiness off while the requests in ``in_flight`` finish."""
 
     def __init__(self, router: Router, audit, admin_token: str | None, log: Callable[[str], None] = log_line):
         self.router, self.audit, self.log = router, audit, log
         self.admin = AdminApi(router, self.write, admin_token, getattr(audit, "head", None))
+        self.draining = False
+        self.in_flight: dict[str, Exchange] = {}  # request id -> exchange, from admission to its audit record
+        self.metrics = Metrics(self._live_state)
         self.app = self._build()
+
+    def start_draining(self) -> None:
+        if not self.draining:
+            self.draining = True
+            self.log(f"draining: new requests get 503; {len(self.in_flight)} in flight")
+
+    def cut_off(self) -> int:
+        """The drain timed out: the requests still running will be audited as cut off by the shutdown."""
+        for ex in self.in_flight.values():
+            if ex.error is None:
+                ex.fail(ApiError(503, "the server shut down before this request finished", type="server_error",
+                                 code="shutting_down"))
+        return len(self.in_flight)
+
+    def _live_state(self) -> dict[str, Any]:
+        return {**self.router.status(), "in_flight": len(self.in_flight), "draining": self.draining}
 
     async def write(self, record: dict[str, Any]) -> None:
         """Append an audit record from a worker thread; shielded so a cancelled request still gets its record."""
@@ -120,17 +147,18 @@ class Server:
             self.log(f"internal error on {request.url.path}: {type(exc).__name__}")
             return error_response(ApiError(500, "internal server error", type="server_error"))
 
-        @app.get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
+        add_operations_routes(app, self)
 
         @app.get("/v1/models")
-        async def models() -> dict[str, Any]:
+        async def models(request: Request) -> dict[str, Any]:
             data = []
             for name, dep in self.router.deployments.items():
                 data.append({"id": name, "object": "model", "created": 0, "owned_by": "meshlm",
                              "stable": dep.to_json()["stable_ref"], "candidate": dep.to_json()["candidate_ref"]})
+            admin = self.admin.is_admin(request)
             for ref, backend in self.router.backends.items():  # an adapter names its base as its parent
+                if not (admin or self.router.pinnable(ref)):
+                    continue  # a candidate, or a stable kept for rollback: reached by name through the rollout
                 base = getattr(backend, "base", None)
                 data.append({"id": ref, "object": "model", "created": 0, "owned_by": "meshlm",
                              **({"parent": base.ref} if base is not None else {})})
@@ -160,8 +188,12 @@ class Server:
             ex.user_hash = job.user_hash
             ex.n, ex.logprobs = job.sampling.n, job.sampling.logprobs
             ex.tool_names = [t["function"]["name"] for t in job.tools] if job.tools else None
-            backend = self.router.route(req.model, job.user_hash, ex.request_id)
+            if self.draining:
+                raise ApiError(503, "the server is shutting down; retry (another replica)", type="server_error",
+                               code="shutting_down", retry_after=1)
+            backend = self.router.route(req.model, job.user_hash, ex.request_id, admin=self.admin.is_admin(request))
             ex.version = backend.ref
+            self.in_flight[ex.request_id] = ex
             handle = await backend.submit(job)
         except ApiError as error:
             ex.fail(error)
@@ -180,9 +212,10 @@ class Server:
         except Exception as exc:
             handle.cancel()
             return await self._internal(ex, exc)
-        except BaseException:  # cancelled: the client went away
+        except BaseException:  # cancelled: the client went away (or the shutdown cut it off: cut_off)
             handle.cancel()
-            ex.fail(ApiError(499, "the client closed the connection"))
+            if ex.error is None:
+                ex.fail(ApiError(499, "the client closed the connection"))
             await self._finish(ex)
             raise
         await self._finish(ex)
@@ -260,6 +293,8 @@ class Server:
         if ex.audited:
             return
         ex.audited = True
+        self.in_flight.pop(ex.request_id, None)
+        self.metrics.observe(ex)
         try:
             await self.write(ex.record())
         except Exception as exc:  # the log is unavailable: say so loudly; the response still reports its status
