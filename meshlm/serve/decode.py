@@ -80,22 +80,37 @@ class RowLogits:
         return self.mask is not None and self.mask.complete
 
 
+class RowError(Exception):
+    """One row could not be sampled (its grammar raised, or its changes left no token to sample): that row fails,
+    the others in the batch go on."""
+
+
 def pick_tokens(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Sequence[float],
                 generators: Sequence[torch.Generator | None], adjust: Sequence[RowLogits | None],
                 top_logprobs: Sequence[int | None], vocab_limit: int | None = None
-                ) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None]]:
+                ) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None], dict[int, Exception]]:
     """One token per row of (B, V) logits after each row's ``adjust``, and for rows whose ``top_logprobs`` is
-    not None the model's log-prob of that token with the k most likely (token, log-prob) pairs."""
+    not None the model's log-prob of that token with the k most likely (token, log-prob) pairs; and the rows
+    that failed (row -> error): their token is meaningless and must not be used."""
     raw = logits.float()
     if vocab_limit is not None and vocab_limit < raw.shape[-1]:
         raw = raw[:, :vocab_limit]  # ids past the tokenizer never come out
     logp = torch.log_softmax(raw, dim=-1) if any(k is not None for k in top_logprobs) else None  # (B, V)
-    chosen = raw
+    chosen, failed = raw, {}
     if any(a is not None for a in adjust):
         chosen = raw.clone()
         for row, a in enumerate(adjust):
-            if a is not None:
+            if a is None:
+                continue
+            try:
                 a.apply(chosen[row])
+            except Exception as exc:  # this row's grammar (or bias) broke: fail it alone
+                failed[row] = exc
+            else:
+                if not bool(torch.isfinite(chosen[row]).any()):
+                    failed[row] = RowError("no token is allowed after this row's logit_bias and grammar")
+        for row in failed:
+            chosen[row] = raw[row]  # any finite row: the batch samples on, the token is dropped
     tokens = sample_rows(chosen, temperatures, top_ps, generators)
     infos: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(tokens)
     for row, k in enumerate(top_logprobs):
@@ -103,7 +118,7 @@ def pick_tokens(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Seq
             top = torch.topk(logp[row], k) if k else None
             pairs = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
             infos[row] = (float(logp[row, tokens[row]]), pairs)
-    return tokens, infos
+    return tokens, infos, failed
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int) -> list[tuple[float, list]] :

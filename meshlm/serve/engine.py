@@ -56,6 +56,7 @@ class Sequence:
     cancelled: bool = False
     done: bool = False
     unsent: list[TokenLogprob] = field(default_factory=list)  # log-probs of tokens whose text is not out yet
+    sent_tokens: int = 0  # generated tokens whose text has been sent
 
     def accept(self, token: int, logprob: TokenLogprob | None = None) -> None:
         """Record a sampled token and send its text; finish on eos, a stop string or the token limit."""
@@ -76,7 +77,8 @@ class Sequence:
 
     def send(self, text: str) -> None:
         logprobs, self.unsent = tuple(self.unsent), []
-        self.emit(Delta(text, self.index, logprobs))
+        tokens, self.sent_tokens = len(self.generated) - self.sent_tokens, len(self.generated)
+        self.emit(Delta(text, self.index, logprobs, tokens))
 
     def _finish(self, reason: str) -> None:
         rest = self.text.flush()
@@ -129,9 +131,7 @@ class BatchEngine:
                        masks: list[TokenMask] | None = None, adapter: int = 0) -> list[Sequence]:
         """``sampling.n`` rows of one prompt, each with its own generator (choice_seed) and ``masks[i]``."""
         assert prompt and max_new >= 1 and len(prompt) + max_new <= self.context, "checked by the caller"
-        if sampling.n > self.max_batch:
-            raise ApiError(400, f"n {sampling.n} is above this server's --max-batch of {self.max_batch}",
-                           param="n", code="n_above_max_batch")
+        self.check_n(sampling.n)
         group = object()
         rows = [Sequence(prompt, max_new, sampling, eos, TextStream(self.tokenizer, sampling.stop), emit,
                          self._generator(sampling, i), index=i, group=group, echo=echo, adapter=adapter,
@@ -148,6 +148,12 @@ class BatchEngine:
             self._stats["requests"] += 1
             self._cond.notify()
         return rows
+
+    def check_n(self, n: int) -> None:
+        """ApiError 400 when ``n`` choices can never decode together here."""
+        if n > self.max_batch:
+            raise ApiError(400, f"n {n} is above this server's --max-batch of {self.max_batch}",
+                           param="n", code="n_above_max_batch")
 
     def _generator(self, sampling: Sampling, index: int) -> torch.Generator | None:
         if sampling.temperature <= 0:
@@ -204,13 +210,19 @@ class BatchEngine:
                         self._cond.notify_all()  # a drain() waiting on a cancelled request's adapter
                     self._pending = kept
                     joining = self._joining = self._admissible()
-                try:
-                    if joining:
+                if joining:
+                    try:
                         self._join(joining)
-                    if self._rows:
+                    except Exception as exc:  # their prefill broke: fail them; the running batch is untouched
+                        self._fail_rows(joining, exc)
+                        with self._cond:
+                            self._joining = []
+                            self._cond.notify_all()
+                if self._rows:
+                    try:
                         self._step()
-                except Exception as exc:  # a bug or a device error: fail these requests, keep serving others
-                    self._fail_all(joining, exc)
+                    except Exception as exc:  # the batch's forward broke (a device error): no row to blame
+                        self._fail_batch(exc)
 
     def _admissible(self) -> list[Sequence]:
         """Waiting sequences (first come, first served) that fit beside the active rows."""
@@ -248,7 +260,7 @@ class BatchEngine:
             cache = [_kv(c.k[index], c.v[index]) for c in cache]
             real = real[index]
         self._echo(joining, [logits[r] for r in row_of])
-        self._merge(joining, cache, real)
+        self._merge(joining, cache, real)  # from here on the rows are in the batch: they fail one by one
         self._accept(joining, logits[row_of, -1], range(len(self._rows) - len(joining), len(self._rows)))
 
     def _echo(self, joining: list[Sequence], logits: list[torch.Tensor]) -> None:
@@ -256,11 +268,14 @@ class BatchEngine:
         for seq, row in zip(joining, logits):
             if seq.echo is None:
                 continue
-            k = seq.sampling.logprobs
-            if k is not None:
-                infos = [(None, [])] + prompt_logprobs(row[-len(seq.prompt):], seq.prompt, k)
-                seq.unsent = [token_logprob(self.tokenizer, t, info) for t, info in zip(seq.prompt, infos)]
-            seq.send(seq.echo)
+            try:
+                k = seq.sampling.logprobs
+                if k is not None:
+                    infos = [(None, [])] + prompt_logprobs(row[-len(seq.prompt):], seq.prompt, k)
+                    seq.unsent = [token_logprob(self.tokenizer, t, info) for t, info in zip(seq.prompt, infos)]
+                seq.send(seq.echo)
+            except Exception as exc:
+                self._fail_rows([seq], exc)
 
     def _merge(self, joining: list[Sequence], cache: list[KVCache], real: torch.Tensor) -> None:
         G, P = real.shape
@@ -284,11 +299,11 @@ class BatchEngine:
             mask[:old, shift_old:cursor] = self._mask[:, :self._cursor]
         mask[old:, shift_new:cursor] = real
         pos = real.long().sum(1)  # (G,) next position = number of real prompt tokens
-        self._cache, self._mask, self._cursor = merged, mask, cursor
-        self._dense = bool(mask[:, :cursor].all())
-        self._pos = torch.cat([self._pos, pos]) if old else pos
         fresh = torch.zeros(G, dtype=torch.long, device=self.device)
-        self._last = torch.cat([self._last, fresh]) if old else fresh
+        pos, last = (torch.cat([self._pos, pos]), torch.cat([self._last, fresh])) if old else (pos, fresh)
+        # Nothing above changed the batch (an allocation failing there fails the joining rows only).
+        self._cache, self._mask, self._cursor, self._pos, self._last = merged, mask, cursor, pos, last
+        self._dense = bool(mask[:, :cursor].all())
         with self._cond:
             self._rows, self._joining = [*self._rows, *joining], []
 
@@ -330,15 +345,25 @@ class BatchEngine:
                 self.bank.rows = None
 
     def _accept(self, rows: list[Sequence], logits: torch.Tensor, slots: range) -> None:
-        tokens, infos = pick_tokens(logits, [s.sampling.temperature for s in rows], [s.sampling.top_p for s in rows],
-                                    [s.generator for s in rows], [s.logits for s in rows],
-                                    [s.sampling.logprobs for s in rows], self.tokenizer.vocab_size)
+        """Each row takes its token; a row whose grammar, sampling or callback raises fails alone."""
+        tokens, infos, failed = pick_tokens(logits, [s.sampling.temperature for s in rows],
+                                            [s.sampling.top_p for s in rows], [s.generator for s in rows],
+                                            [s.logits for s in rows], [s.sampling.logprobs for s in rows],
+                                            self.tokenizer.vocab_size)
         # Counted before the rows hear their tokens: a client whose request just finished reads a status that
         # includes its last token (counting after raced the response: status lagged by a token).
-        self._stats["tokens"] += len(rows)
-        for seq, token, info, slot in zip(rows, tokens, infos, slots):
-            seq.accept(token, None if info is None else token_logprob(self.tokenizer, token, info))
+        self._stats["tokens"] += len(rows) - len(failed)
+        for row, (seq, token, info, slot) in enumerate(zip(rows, tokens, infos, slots)):
             self._last[slot] = token
+            if seq.done:  # a choice of a request that failed in this step: it leaves below
+                continue
+            if row in failed:
+                self._fail_rows([seq], failed[row])
+                continue
+            try:
+                seq.accept(token, None if info is None else token_logprob(self.tokenizer, token, info))
+            except Exception as exc:
+                self._fail_rows([seq], exc)
         self._retire()
 
     def _retire(self) -> None:
@@ -362,15 +387,27 @@ class BatchEngine:
         self._cursor -= first
         self._dense = bool(self._mask[:, :self._cursor].all())
 
-    def _fail_all(self, joining: list[Sequence], exc: Exception) -> None:
+    def _fail_rows(self, rows: list[Sequence], exc: Exception) -> None:
+        """End these rows with an error of their own request (500 ``engine_error``); the other choices of their
+        requests stop too (the request has failed). Rows in the batch leave at the next ``_retire``."""
         error = ApiError(500, f"generation failed ({type(exc).__name__}); the request was not completed",
                          type="server_error", code="engine_error")
-        for seq in {id(s): s for s in [*self._rows, *joining]}.values():
-            if not seq.done:
-                seq.done = True
-                seq.emit(Failed(error))
+        groups = {id(s.group) for s in rows}
+        for seq in [*rows, *(s for s in self._rows if id(s.group) in groups)]:
+            if seq.done:
+                continue
+            seq.done = True
+            if seq in rows:
+                try:
+                    seq.emit(Failed(error))
+                except Exception:  # its callback is what broke: nobody is left to tell
+                    pass
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """The batch's own forward failed: every active row fails and the batch starts afresh."""
+        self._fail_rows(self._rows, exc)
         with self._cond:
-            self._rows = self._joining = []
+            self._rows = []
             self._cond.notify_all()
         self._cache, self._cursor = [], 0
 

@@ -5,6 +5,11 @@ converted checkpoint carries), completions as bos + text (or the given token ids
 template's end-of-turn token. Length checks happen before anything is queued, so a request that cannot fit the
 context is a 400, never a failure halfway. An adapter version (:class:`AdapterBackend`) is a slot of its base's
 adapter bank: its requests go to the base's engine, tagged with the slot.
+
+Checks run cheapest first (docs/serving.md, "Order of checks"): integer limits, then a prompt whose characters
+alone prove it cannot fit (no token is longer than the tokenizer's longest, so ``chars / longest`` tokens at
+least), then the schema compile and the tokenising, in a worker thread under a time budget
+(:data:`PREPARE_BUDGET_S`, :data:`PREPARE_THREADS` at a time per model), and last the exact token count.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import anyio
 import torch
+from anyio import CapacityLimiter
 
 from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
 from meshlm.data.posttrain.templates import chat_template_for
@@ -29,6 +35,11 @@ from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Job
 from meshlm.serve.registry import ModelVersion, verify_files
 from meshlm.serve.tools import encode_with_tools
 from meshlm.tokenizer import MeshTokenizer
+
+PREPARE_BUDGET_S = 10.0  # schema compile + tokenising of one request, waiting for a worker included
+PREPARE_THREADS = 2  # requests of one model prepared at once (a flood of big prompts waits, within its budget)
+MAX_UNREAD_EVENTS = 4096  # a stream's events its client has not taken yet; beyond: the client stopped reading
+MAX_UNREAD_CHARS = 256 << 10  # ... or their text
 
 
 class Mailbox:
@@ -54,22 +65,39 @@ class Mailbox:
         with self._lock:
             posted, self._posted = self._posted, []
         for handle, event in posted:
-            handle.inbox.append(event)
-            handle.ready.set()
+            handle.receive(event)
 
 
 class LocalHandle:
     """Events of one sequence. Text deltas that arrived together are sent as one (fewer, larger SSE chunks when
-    the client or the loop falls behind the engine; token counts are unaffected)."""
+    the client or the loop falls behind the engine; token counts are unaffected).
+
+    What a client has not taken yet is bounded: past :data:`MAX_UNREAD_EVENTS` events or :data:`MAX_UNREAD_CHARS`
+    characters the client has stopped reading (a stream whose socket is full): generation stops (``stalled``) and
+    the events end with a 499 ``client_stopped_reading`` error after what was already made."""
 
     def __init__(self, engine: BatchEngine, mailbox: Mailbox) -> None:
         self._engine, self._mailbox = engine, mailbox
         self.inbox: list[Event] = []
+        self.unread_chars = 0
+        self.stalled = False
         self.ready = asyncio.Event()
         self.seqs: list[Sequence] = []
 
     def put(self, event: Event) -> None:  # engine thread
         self._mailbox.post(self, event)
+
+    def receive(self, event: Event) -> None:  # event loop
+        if self.stalled:
+            return
+        self.inbox.append(event)
+        self.unread_chars += len(event.text) if isinstance(event, Delta) else 0
+        if len(self.inbox) > MAX_UNREAD_EVENTS or self.unread_chars > MAX_UNREAD_CHARS:
+            self.stalled = True
+            self.cancel()
+            self.inbox.append(Failed(ApiError(499, "the client stopped reading the stream; generation stopped",
+                                              code="client_stopped_reading")))
+        self.ready.set()
 
     async def events(self) -> AsyncIterator[Event]:
         """Until every choice has finished (or one failed)."""
@@ -77,7 +105,7 @@ class LocalHandle:
         while True:
             await self.ready.wait()
             self.ready.clear()
-            batch, self.inbox = self.inbox, []
+            batch, self.inbox, self.unread_chars = self.inbox, [], 0
             for event in _coalesce(batch):
                 yield event
                 running -= isinstance(event, Finished)
@@ -95,7 +123,8 @@ def _coalesce(events: list[Event]) -> list[Event]:
     for event in events:
         last = out[-1] if out else None
         if isinstance(event, Delta) and isinstance(last, Delta) and last.index == event.index:
-            out[-1] = Delta(last.text + event.text, event.index, last.logprobs + event.logprobs)
+            out[-1] = Delta(last.text + event.text, event.index, last.logprobs + event.logprobs,
+                            last.tokens + event.tokens)
         else:
             out.append(event)
     return out
@@ -114,6 +143,8 @@ class LocalBackend:
         self.max_tokens_cap = max_tokens_cap
         self._mailbox: Mailbox | None = None
         self.grammar = GrammarEngine(tokenizer, sorted(self.eos | self.chat_eos))
+        self.token_chars = longest_token_chars(tokenizer)
+        self._prepare_slots = CapacityLimiter(PREPARE_THREADS)
         self.bank = AdapterBank(model)  # LoRA adapters served on this base (none until one is loaded)
         self.holders = 1  # this version's own deployment, plus one per adapter version served on it
         self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
@@ -140,19 +171,36 @@ class LocalBackend:
                    weights=weights)
 
     async def submit(self, job: Job, adapter: int = 0) -> LocalHandle:
-        prompt = self._encode(job)
-        max_new = self._max_new(len(prompt), job.sampling.max_tokens, "messages" if job.kind == "chat" else "prompt")
+        param = "messages" if job.kind == "chat" else "prompt"
+        self._check_cap(job.sampling.max_tokens)  # integers first: nothing is compiled, tokenised or allocated
+        self._check_bias(job.sampling)
+        self.engine.check_n(job.sampling.n)
+        self._check_chars(job, param)
+        prompt, masks = await self._prepare(job)
+        max_new = self._max_new(len(prompt), job.sampling.max_tokens, param)
         loop = asyncio.get_running_loop()
         if self._mailbox is None or self._mailbox.loop is not loop:
             self._mailbox = Mailbox(loop)
-        self._check_bias(job.sampling)
         handle = LocalHandle(self.engine, self._mailbox)
         eos = self.chat_eos if job.kind == "chat" else self.eos
         echo = self._echo_text(job, prompt) if job.sampling.echo else None
-        masks = self.grammar.masks(job.response_format, job.sampling.n) if job.response_format else None
         handle.seqs = self.engine.submit_choices(prompt, max_new, job.sampling, eos, handle.put, echo=echo,
                                                  masks=masks, adapter=adapter)
         return handle
+
+    async def _prepare(self, job: Job) -> tuple[list[int], list | None]:
+        """The schema compiled, then the prompt tokenised, in a worker thread (the event loop keeps serving the
+        other requests); ApiError 503 past :data:`PREPARE_BUDGET_S` (the worker finishes in the background, its
+        work bounded by the character check, and keeps its slot until then)."""
+        def work() -> tuple[list[int], list | None]:
+            masks = self.grammar.masks(job.response_format, job.sampling.n) if job.response_format else None
+            return self._encode(job), masks
+
+        with anyio.move_on_after(PREPARE_BUDGET_S):
+            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._prepare_slots)
+        raise ApiError(503, f"preparing the request took longer than {PREPARE_BUDGET_S:g} s (the server is busy "
+                            "with large prompts); retry, or send a shorter prompt", type="server_error",
+                       code="prepare_budget_exceeded", retry_after=1)
 
     def status(self) -> dict[str, Any]:
         return {"kind": "checkpoint", "context": self.context, **self.engine.status()}
@@ -208,15 +256,40 @@ class LocalBackend:
         """The prompt as the client sent it (text), or its ids decoded."""
         return job.prompt if isinstance(job.prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=True)
 
-    def _max_new(self, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
+    def _check_cap(self, max_tokens: int | None) -> None:
         if max_tokens is not None and max_tokens > self.max_tokens_cap:
             raise ApiError(400, f"max_tokens {max_tokens} is above this server's cap of {self.max_tokens_cap}",
                            param="max_tokens", code="max_tokens_above_cap")
+
+    def _check_chars(self, job: Job, param: str) -> None:
+        """context_length_exceeded for a prompt whose length alone proves it cannot fit: text of ``chars``
+        characters is at least ``chars / token_chars`` tokens (token ids: one each), before any tokenising."""
+        room = self.context - (job.sampling.max_tokens or 1)
+        if isinstance(job.prompt, list):
+            size, most, unit = len(job.prompt), room, "token ids"
+        else:
+            texts = [m.get("content") or "" for m in job.messages] if job.kind == "chat" else [job.prompt or ""]
+            size, most, unit = sum(len(t) for t in texts), room * self.token_chars, "characters"
+        if size > most:
+            raise ApiError(400, f"this model's context is {self.context} tokens and {job.sampling.max_tokens or 1} "
+                                f"or more were asked for; the prompt has {size} {unit}, more than {max(room, 0)} "
+                                f"tokens can hold (no token here is longer than {self.token_chars} characters): "
+                                "shorten the prompt or lower max_tokens", param=param, code="context_length_exceeded")
+
+    def _max_new(self, prompt_len: int, max_tokens: int | None, prompt_param: str) -> int:
         if prompt_len >= self.context or (max_tokens is not None and prompt_len + max_tokens > self.context):
             raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len} and "
                                 f"{max_tokens or 1} or more were asked for: shorten the prompt or lower max_tokens",
                            param=prompt_param, code="context_length_exceeded")
         return max_tokens if max_tokens is not None else min(self.max_tokens_cap, self.context - prompt_len)
+
+
+def longest_token_chars(tokenizer: MeshTokenizer) -> int:
+    """Characters of prompt text one token can cover at most: the longest vocabulary entry (a byte-level entry
+    has one character per byte, so the text it decodes to is no longer). A normalizer may shorten text before it
+    is split (NFKC composes up to 3 characters into one), so then 3× that."""
+    longest = max((len(t) for t in tokenizer.backend.get_vocab(with_added_tokens=True)), default=1)
+    return longest * (3 if tokenizer.backend.normalizer is not None else 1)
 
 
 class AdapterBackend:

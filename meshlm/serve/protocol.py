@@ -87,6 +87,7 @@ class Delta:
     text: str
     index: int = 0  # the choice (0 .. n-1)
     logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens whose text this delta completes
+    tokens: int = 0  # generated tokens whose text this delta completes (0: an echoed prompt)
 
 
 @dataclass(frozen=True)

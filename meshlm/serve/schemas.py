@@ -16,6 +16,9 @@ from meshlm.serve.protocol import ApiError, Job, Sampling
 from meshlm.serve.tools import call_format, check_tools
 
 MAX_BODY_BYTES = 8 << 20
+MAX_MESSAGES = 2048  # chat messages in one request (each takes a few tokens of the context at least)
+MAX_STOP_CHARS = 512  # one stop string (the engine checks every stop string's prefixes at each token)
+INT64 = (-(1 << 63), (1 << 63) - 1)  # seed: a signed 64-bit integer, as OpenAI's
 
 
 class _Strict(BaseModel):
@@ -78,7 +81,7 @@ class _Common(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -92,6 +95,8 @@ class _Common(_Strict):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 4:
             raise ApiError(400, "stop: at most 4 stop sequences", param="stop")
+        if any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise ApiError(400, f"stop: a stop sequence longer than {MAX_STOP_CHARS} characters", param="stop")
         return Sampling(max_tokens, self.temperature, self.top_p, self.seed, tuple(stop), self.n,
                         self.presence_penalty, self.frequency_penalty, _logit_bias(self.logit_bias), logprobs, echo)
 
@@ -100,7 +105,7 @@ def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``{"token id": bias}`` with biases in [-100, 100] -> (id, bias) pairs."""
     pairs = []
     for key, value in (bias or {}).items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):  # "²".isdigit() is True, and int("²") fails
             raise ApiError(400, "logit_bias: keys are token ids written as strings (\"50256\")", param="logit_bias")
         if not -100 <= value <= 100:
             raise ApiError(400, f"logit_bias: the bias of token {key} is outside [-100, 100]", param="logit_bias")
@@ -139,6 +144,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     return body
@@ -147,8 +154,14 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 def to_job(kind: str, body: dict[str, Any], request_id: str, user_hash_of) -> tuple[Job, _Common]:
     """Validate ``body`` for ``kind`` ("chat" or "completion") -> (job, the parsed request); ApiError 400."""
     schema = ChatRequest if kind == "chat" else CompletionRequest
+    messages = body.get("messages")
+    if kind == "chat" and isinstance(messages, list) and len(messages) > MAX_MESSAGES:  # before validating each
+        raise ApiError(400, f"messages: {len(messages)} messages, above this server's limit of {MAX_MESSAGES}",
+                       param="messages", code="too_many_messages")
     try:
         req = schema.model_validate(body)
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"

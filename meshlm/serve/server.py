@@ -32,6 +32,8 @@ from meshlm.serve.sanitize import sanitize
 from meshlm.serve.schemas import parse_body, to_job
 from meshlm.serve.tools import parse_tool_calls
 
+MAX_REFUSED_PROMPT_CHARS = 64 << 10  # a refused request's prompt longer than this is left out of its record
+
 
 def log_line(message: str) -> None:
     """A server log line on stderr, sanitized like everything else that leaves the process."""
@@ -62,6 +64,18 @@ class Exchange:
     status: int = 200
     error: str | None = None
     audited: bool = False
+    # Streams: what the connection took (a chunk counts once its write returned), not what was generated.
+    delivered: dict[int, int] = field(default_factory=dict)  # choice -> tokens
+    shown: dict[int, list[str]] = field(default_factory=dict)  # choice -> text pieces
+    client: str | None = None  # "disconnected" or "stopped_reading": the client did not take the whole answer
+
+    def deliver(self, index: int, tokens: int, text: str) -> None:
+        self.delivered[index] = self.delivered.get(index, 0) + tokens
+        self.shown.setdefault(index, []).append(text)
+
+    def deliver_end(self, index: int) -> None:
+        self.delivered[index] = self.ends[index].completion_tokens
+        self.shown[index] = [self.text(index)]
 
     @property
     def finished(self) -> bool:
@@ -81,11 +95,15 @@ class Exchange:
         texts = [self.text(i) for i in range(self.n)]
         reasons = [self.ends[i].finish_reason if i in self.ends else None for i in range(self.n)]
         usage = self.usage() if fin else {}
+        completion = usage.get("completion_tokens")
+        response = (texts[0] if self.n == 1 else texts) if fin or self.texts else None
+        if self.stream and self.client is not None:  # the client left or stopped reading: what it was given
+            shown = ["".join(self.shown.get(i, [])) for i in range(self.n)]
+            completion, response = sum(self.delivered.values()), shown[0] if self.n == 1 else shown
         return {"kind": "request", "time": self.started, "request_id": self.request_id, "version": self.version,
                 "user_hash": self.user_hash, "endpoint": self.path, "model": self.model, "stream": self.stream,
-                "prompt": self.prompt,
-                "response": (texts[0] if self.n == 1 else texts) if fin or self.texts else None,
-                "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+                "prompt": self.prompt, "response": response,
+                "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": completion, "client": self.client,
                 "finish_reason": (reasons[0] if self.n == 1 else reasons) if fin else None,
                 "latency_s": round(time.perf_counter() - self.t0, 6),
                 "ttft_s": None if self.ttft is None else round(self.ttft, 6),
@@ -197,6 +215,9 @@ class Server:
             handle = await backend.submit(job)
         except ApiError as error:
             ex.fail(error)
+            if _text_chars(ex.prompt, MAX_REFUSED_PROMPT_CHARS) > MAX_REFUSED_PROMPT_CHARS:  # not worth sanitising
+                ex.prompt = None
+                ex.error = f"{error.message} (its prompt, over {MAX_REFUSED_PROMPT_CHARS} characters, is not recorded)"
             await self._finish(ex)
             return error_response(error)
         except Exception as exc:  # a bug: still one audit record, and an error object, not a traceback
@@ -216,6 +237,7 @@ class Server:
             handle.cancel()
             if ex.error is None:
                 ex.fail(ApiError(499, "the client closed the connection"))
+                ex.client = "disconnected"
             await self._finish(ex)
             raise
         await self._finish(ex)
@@ -252,6 +274,7 @@ class Server:
                 if isinstance(event, Delta) and ex.tool_names is None:
                     delta = {"content": event.text} if ex.kind == "chat" else event.text
                     yield _event(self._chunk(ex, event.index, delta, logprobs=event.logprobs))
+                    ex.deliver(event.index, event.tokens, event.text)  # the connection took it
                 elif isinstance(event, Finished):
                     reason = event.finish_reason
                     if ex.tool_names is not None:  # the answer is known only whole: a call, or text
@@ -260,7 +283,10 @@ class Server:
                         yield _event(self._chunk(ex, event.index, message, logprobs=tuple(ex.tokens.get(event.index,
                                                                                                       []))))
                     yield _event(self._chunk(ex, event.index, {} if ex.kind == "chat" else "", reason))
+                    ex.deliver_end(event.index)
                 elif isinstance(event, Failed):
+                    if getattr(handle, "stalled", False):  # a local stream whose client stopped reading
+                        ex.client = "stopped_reading"
                     yield _event(event.error.to_json())
             if include_usage and ex.finished:
                 yield _event({**self._body(ex, final=False), "choices": [], "usage": ex.usage()})
@@ -274,6 +300,8 @@ class Server:
             handle.cancel()
             if not ex.finished and ex.error is None:
                 ex.fail(ApiError(499, "the client closed the connection"))
+            if any(ex.delivered.get(i) != (ex.ends[i].completion_tokens if i in ex.ends else -1) for i in range(ex.n)):
+                ex.client = "stopped_reading" if getattr(handle, "stalled", False) else "disconnected"
             raise
         finally:
             await self._finish(ex)
@@ -285,6 +313,7 @@ class Server:
                 handle.cancel()
                 if not ex.finished and ex.error is None:
                     ex.fail(ApiError(499, "the client closed the connection"))
+                ex.client = ex.client or "disconnected"
                 await self._finish(ex)
         return close
 
@@ -380,6 +409,20 @@ class AuditedStream(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._on_close()
+
+
+def _text_chars(value: Any, limit: int) -> int:
+    """Characters of the strings inside ``value`` (messages, a prompt), counted until past ``limit``."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def _event(data: dict[str, Any]) -> bytes:
