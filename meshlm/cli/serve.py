@@ -35,6 +35,9 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting per model before new ones get 429 (default 64)")
     p.add_argument("--max-tokens-cap", type=int, default=1024, help="the largest max_tokens a request may ask for")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT: seconds the requests in flight get to finish while new ones get 503 "
+                        "(default 30)")
     p.set_defaults(handler=run)
 
 
@@ -66,12 +69,15 @@ def run(args: argparse.Namespace) -> int:
                         ("--max-tokens-cap", args.max_tokens_cap)):
         if value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")
+    if not 0 <= args.drain_timeout <= 3600:
+        raise ConfigError(f"--drain-timeout {args.drain_timeout}: give 0..3600 seconds")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port {args.port}: use 0..65535 (0 picks a free port)")
     audit = args.audit or str(Path(args.registry).resolve().parent / "audit.sqlite")
     options = ServeOptions(registry=args.registry, models=args.model, host=args.host, port=args.port,
                            port_file=args.port_file, audit=audit, admin_token=read_token(args.admin_token_file),
                            force=args.force, device=args.device, max_batch=args.max_batch,
-                           max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap, weights=args.weights)
+                           max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap, weights=args.weights,
+                           drain_timeout=args.drain_timeout)
     serve(options)
     return 0

@@ -3,7 +3,11 @@
 The socket is bound (and listening) before the port file is written, and the models are loaded before that, so
 a client that reads the port file can connect at once: connections wait in the listen backlog until uvicorn
 accepts them. uvicorn's access log is off (it would write client addresses, personal data, to the log); the
-server writes its own sanitized lines instead. SIGINT/SIGTERM stop it gracefully: in-flight requests finish.
+server writes its own sanitized lines instead.
+
+SIGINT/SIGTERM drain the server: it keeps accepting connections but answers new completion requests 503 (and
+``/health/ready`` 503), lets the requests in flight finish for up to ``drain_timeout`` seconds, then stops; a
+request still running then is cut off and audited with status 503. A second signal stops it at once.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class ServeOptions:
     max_queue: int = 64
     max_tokens_cap: int = 1024
     weights: str = "fp32"  # the decode path's weight format (meshlm/generate/int8.py)
+    drain_timeout: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
 
 
 def make_loader(opts: ServeOptions, registry=None):
@@ -107,6 +112,37 @@ def serve(opts: ServeOptions) -> None:
     asyncio.run(_serve(opts))
 
 
+def draining_server(config, app_server, drain_timeout: float, log):
+    """A uvicorn.Server whose first SIGINT/SIGTERM starts a drain (``app_server.start_draining``) instead of an
+    immediate stop; it stops when nothing is in flight or ``drain_timeout`` has passed (checked on uvicorn's
+    0.1 s tick). A second signal stops it at once, as uvicorn does."""
+    import time
+
+    import uvicorn
+
+    class Draining(uvicorn.Server):
+        deadline: float | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.deadline is not None:  # the second signal
+                self.force_exit = True
+                return super().handle_exit(sig, frame)
+            self.deadline = time.monotonic() + drain_timeout
+            app_server.start_draining()
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.deadline is not None and not self.should_exit:
+                if not app_server.in_flight:
+                    self.should_exit = True
+                elif time.monotonic() > self.deadline:
+                    log(f"drain timeout ({drain_timeout:g} s): cutting off {app_server.cut_off()} requests")
+                    self.config.timeout_graceful_shutdown = 1  # uvicorn cancels them after this
+                    self.should_exit = True
+            return await super().on_tick(counter)
+
+    return Draining(config)
+
+
 async def _serve(opts: ServeOptions) -> None:
     import time
 
@@ -139,17 +175,23 @@ async def _serve(opts: ServeOptions) -> None:
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         config = uvicorn.Config(server.app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=30)
-        if opts.port_file:
+        if opts.port_file:  # url: the server's root (/health, /metrics, /admin); base_url: an OpenAI client's
             atomic_write_text(Path(opts.port_file), json.dumps({"host": host, "port": port, "url": url,
-                                                                 "pid": os.getpid()}))
+                                                                 "base_url": url + "/v1", "pid": os.getpid()}))
         # The operator's own settings, no request data: printed as they are (the sanitizer would mask the address).
-        print(f"meshlm serve: {', '.join(e.ref for e in entries)} on {url}/v1 (audit {opts.audit}, admin API "
-              f"{'on' if opts.admin_token else 'off'})", file=sys.stderr, flush=True)
+        print(f"meshlm serve: {', '.join(e.ref for e in entries)} on {url} (OpenAI base URL {url}/v1; audit "
+              f"{opts.audit}, admin API {'on' if opts.admin_token else 'off'}, metrics "
+              f"{'on' if server.metrics.available else 'off'})", file=sys.stderr, flush=True)
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it found;
         # a no-op one lets the cleanup below run and the process exit 0.
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            await uvicorn.Server(config).serve(sockets=[sock])
+            await draining_server(config, server, opts.drain_timeout, server.log).serve(sockets=[sock])
+            # uvicorn cancels requests cut off by the drain timeout and returns without waiting for them: let
+            # their shielded audit writes finish before the log closes.
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            if others:
+                await asyncio.wait(others, timeout=10)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
