@@ -113,3 +113,35 @@ def plot_loss(run_dir: Path, baseline: float | None = None) -> Path:
     fig.tight_layout()
     _save(fig, out)
     return out
+
+
+def plot_stage_losses(stages: list[tuple[str, Path]], out: Path) -> Path:
+    """One panel per training stage, side by side (e.g. pretrain, SFT, DPO): each stage's training loss (and
+    held-out loss when logged) against its own steps. The stages' losses are different quantities (nats/token of
+    raw text, of assistant tokens, a preference loss), so each keeps its own axis. Raises DataError for a stage
+    whose run directory holds no metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not stages:
+        raise DataError("plot_stage_losses: no stages given")
+    runs = []
+    for label, run_dir in stages:
+        records = [r for r in read_metrics(run_dir) if isinstance(r, dict) and "step" in r]
+        if not records:
+            raise DataError(f"{Path(run_dir) / 'metrics.jsonl'}: no metric records for stage '{label}'")
+        runs.append((label, records))
+    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs), 3.5), dpi=110, squeeze=False)
+    for i, (ax, (label, records)) in enumerate(zip(axes.flat, runs)):
+        _curve(ax, records, "loss", "train", f"C{i % 10}", "-")
+        _curve(ax, records, "eval_loss", "held-out", f"C{i % 10}", "o--")
+        ax.set(title=label, xlabel="step", ylabel="loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _save(fig, out)
+    return out
