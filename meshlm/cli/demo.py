@@ -1,68 +1,158 @@
-"""``meshlm demo``: the whole path on the embedded default, offline, in a few minutes on two CPU cores."""
+"""``meshlm demo``: the whole workflow on the embedded default, offline, in a few minutes on two CPU cores.
+
+pretrain -> SFT -> DPO on the spec's data -> the safety table before and after -> registry -> ``meshlm serve`` ->
+one request through the official ``openai`` client -> ``meshlm audit verify`` -> plots and the next commands to try
+on a real model. The stages are :mod:`meshlm.demo`'s; everything goes into a new folder (``--run-dir``, default
+``runs/demo-<time>``): ``align/`` (the align run), ``registry.sqlite``, ``audit.sqlite``, ``serve.log``,
+``plots/losses.png`` and ``demo.json`` (stage times, the answer, the audit check).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
-from importlib import resources
 from pathlib import Path
 
-PROMPTS = ["The ", "A list is", "To open a file,"]
+STAGES = 6
 
 
 def register(sub, add_config_args) -> None:
-    p = sub.add_parser("demo", help="prepare the embedded corpus, train `small`, sample, plot")
-    p.add_argument("--run-dir", help="default runs/demo-<time>")
+    p = sub.add_parser("demo", help="the whole workflow on the embedded default: pretrain, SFT, DPO, safety table, "
+                                    "registry, serve, one OpenAI-client request, audit verify, plots")
+    p.add_argument("--run-dir", help="a new or empty folder for everything the demo writes (default "
+                                     "runs/demo-<time>)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a key of the demo config (configs/small.toml)")
-    p.add_argument("--margin", type=float, default=0.5,
-                   help="nats/token the held-out loss must end below the unigram baseline")
+                   help="override a key of the demo's align config (configs/align.toml with the demo's sizes; "
+                        "e.g. --set sft.steps=800 for the default's)")
     p.set_defaults(handler=run)
 
 
-def packaged_config(name: str) -> Path:
-    return Path(str(resources.files("meshlm") / "configs" / f"{name}.toml"))
-
-
 def run(args: argparse.Namespace) -> int:
-    from meshlm.config.loader import config_to_toml, load_config
-    from meshlm.data import unigram_entropy
-    from meshlm.generate import generate
-    from meshlm.plots import plot_loss
-    from meshlm.tokenizer import MeshTokenizer
-    from meshlm.train.run_dir import init_run_dir
-    from meshlm.doctor.callbacks import run_callbacks
-    from meshlm.train.trainer import Trainer
+    from meshlm.demo import stages as st
+    from meshlm.safety.align_config import load_align_config
 
+    cfg = load_align_config(None, [*st.DEMO_ALIGN, *args.overrides])  # a bad --set fails here (exit 2)
+    run_dir = st.fresh_run_dir(args.run_dir)
     started = time.perf_counter()
-    cfg = load_config(packaged_config("small"), ["training.eval_interval=100", *args.overrides])
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    print(f"[1/4] preparing the embedded corpus (tokenizer with {cfg.model.vocab_size} tokens; cached after the "
-          "first run)", flush=True)
-    init_run_dir(run_dir, config_to_toml(cfg), resume=False)
-    trainer = Trainer(cfg, run_dir, callbacks=run_callbacks(cfg))
-    baseline = unigram_entropy(trainer.dataset, "train")
-    print(f"[2/4] training `{cfg.model.flavor}` for {cfg.training.steps} steps; unigram baseline "
-          f"{baseline:.3f} nats/token", flush=True)
-    summary = trainer.train()
-    eval_loss = summary.get("eval_loss", trainer.evaluate())
-    print("[3/4] sampling", flush=True)
-    tokenizer = MeshTokenizer.load(trainer.dataset.tokenizer_path)
-    model = trainer.model.eval()
-    for i, prompt in enumerate(PROMPTS):
-        ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
-        new = generate(model, ids, 40, temperature=0.8, top_k=50, eos_id=tokenizer.eos_id, seed=i,
-                       device=str(trainer.device), vocab_limit=tokenizer.vocab_size)
-        print("   > " + (prompt + tokenizer.decode(new, skip_special_tokens=True)).replace("\n", " ⏎ "))
-    plot = plot_loss(run_dir, baseline=baseline)
-    print(f"[4/4] done in {time.perf_counter() - started:.0f} s")
-    print(f"   run directory   {run_dir}")
-    print(f"   metrics         {run_dir / 'metrics.jsonl'}")
-    print(f"   loss plot       {plot}")
-    print(f"   checkpoints     {run_dir / 'checkpoints'}")
-    print(f"   held-out loss   {eval_loss:.3f} vs unigram baseline {baseline:.3f} nats/token")
-    print(f"   try: meshlm generate --checkpoint {run_dir} --prompt 'The '")
-    if eval_loss > baseline - args.margin:
-        print(f"demo: the held-out loss did not get {args.margin} nats below the unigram baseline")
-        return 1
-    return 0
+    _intro(run_dir, args.overrides)
+    clock = st.Clock(STAGES)
+    result: dict = {"run_dir": str(run_dir), "align_overrides": [*st.DEMO_ALIGN, *args.overrides]}
+    try:
+        code = _stages(cfg, run_dir, clock, result)
+    except st.StageFailed as exc:
+        print(f"\nmeshlm demo: {exc}", flush=True)
+        code = 1
+    result.update(stage_s=clock.times, total_s=time.perf_counter() - started, load_average=os.getloadavg(),
+                  cpu_count=os.cpu_count(), exit_code=code)
+    _write_json(run_dir / "demo.json", result)
+    print(f"\ndemo {'done' if code == 0 else 'FAILED'} in {result['total_s']:.0f} s on {os.cpu_count()} CPUs (load "
+          f"average {os.getloadavg()[0]:.1f}); everything is in {run_dir} (demo.json: times and results)")
+    if code == 0:
+        _next_commands()
+    return code
+
+
+def _intro(run_dir: Path, overrides: list[str]) -> None:
+    from meshlm.demo.stages import DEMO_ALIGN, openai_missing
+    from meshlm.safety.align_config import load_align_config
+
+    default = load_align_config(None)
+    values = dict(item.split("=", 1) for item in [*DEMO_ALIGN, *overrides])  # a later --set wins
+    sized = []
+    for key, value in values.items():
+        section, name = key.split(".", 1)
+        sized.append(f"{key}={value} (default {json.dumps(getattr(getattr(default, section), name, None))})")
+    print("meshlm demo: the whole workflow on the embedded default, offline: the behaviour spec's data -> pretrain "
+          "-> SFT -> DPO -> safety table before/after -> registry -> serve -> one request -> audit verify -> plots.")
+    print("A smoke run of the workflow, not a result: the model is tiny and trains for minutes, so its safety "
+          "figures are poor and its gates fail. The commands printed at the end run the same workflow on a real "
+          "model.")
+    print(f"run directory: {run_dir}")
+    print("align config: the embedded configs/align.toml sized down: " + ", ".join(sized))
+    if openai_missing():
+        print("note: the `openai` client is not installed, so the request stage will send nothing: `pip install "
+              "openai` (meshlm's test extra has it; `make demo` installs it)")
+
+
+def _stages(cfg, run_dir: Path, clock, result: dict) -> int:
+    """Every stage in order, each with a short summary; returns the exit code (0: every stage did its job)."""
+    from meshlm.demo import stages as st
+    from meshlm.demo import summary
+
+    align_dir = run_dir / "align"
+    with clock.stage("align", "align: spec -> data -> pretrain -> SFT -> DPO -> red team -> evaluation "
+                              f"(as `meshlm align --run-dir {align_dir} --set ...`)"):
+        from meshlm.safety.pipeline import run_pipeline
+
+        report = run_pipeline(cfg, align_dir, log=_say)
+        _say(f"model: {summary.model_line(align_dir)}")
+        for line in summary.stage_lines(report, align_dir):
+            _say(line)
+    result["align"] = {"report": str(align_dir / "report.md"), "timings_s": report["timings"],
+                       "passed": report["passed"]}
+    with clock.stage("safety", "safety before/after alignment: held-out prompts, model alone, judge "
+                               f"`{cfg.eval.judge}`, Wilson 95% intervals"):
+        for line in summary.safety_table(report):
+            _say(line)
+        _say(f"full report: {align_dir / 'report.md'}")
+    registry, audit = (run_dir / "registry.sqlite").resolve(), (run_dir / "audit.sqlite").resolve()
+    with clock.stage("registry", "registry: the final model as a numbered version with its hashes and gates"):
+        entry = st.register(align_dir, report, registry, _say)
+    result["registry"] = {"ref": entry.ref, "gate_status": entry.gate_status, "weights_sha256": entry.weights_sha256}
+    with clock.stage("serve", "serve: `meshlm serve` on 127.0.0.1 (a free port), one chat request through the "
+                              "official openai client, then SIGTERM"):
+        served = st.serve_and_ask(registry, entry, audit, run_dir, _say)
+        _print_request(served)
+    result["serve"] = served
+    with clock.stage("audit", "audit: `meshlm audit verify` recomputes the log's hash chain"):
+        audit_code = st.cli(["audit", "verify", str(audit)], _say)
+    result["audit"] = {"db": str(audit), "exit_code": audit_code}
+    with clock.stage("plots", "plots"):
+        result["plots"] = _plots(report, align_dir, run_dir)
+    ok = served["exit_code"] == 0 and audit_code == 0
+    return 0 if ok else 1
+
+
+def _say(line: str) -> None:
+    """A stage's line, indented under its [k/N] title."""
+    print(f"    {line}", flush=True)
+
+
+def _print_request(served: dict) -> None:
+    request = served.get("request")
+    if request:
+        answer = (request["answer"] or "").replace("\n", " ⏎ ")
+        _say(f"user: {request['question']}")
+        _say(f"{request['version']}: {answer}")
+        _say(f"({request['prompt_tokens']} prompt + {request['completion_tokens']} completion tokens, finish "
+             f"{request['finish_reason']}, {request['latency_s']:.2f} s)")
+    _say(f"server stopped, exit code {served['exit_code']}")
+
+
+def _plots(report: dict, align_dir: Path, run_dir: Path) -> dict[str, str]:
+    from meshlm.demo.summary import STAGE_LABELS, stage_dir
+    from meshlm.plots import plot_stage_losses
+
+    stages = [(STAGE_LABELS[s], d) for s in STAGE_LABELS if (d := stage_dir(align_dir, s)) is not None]
+    plots = {"losses": str(plot_stage_losses(stages, run_dir / "plots" / "losses.png")), "safety": report["plot"]}
+    _say(f"loss curve of each training stage        {plots['losses']}")
+    _say(f"safety rates before and after (bars)      {plots['safety']}")
+    return plots
+
+
+def _next_commands() -> None:
+    from meshlm.cli.fetch import model_path
+    from meshlm.demo.summary import next_commands
+
+    print("\nnext, the same workflow on a real model (SmolLM2-135M-Instruct; docs/real-models.md, docs/safety.md):")
+    for line in next_commands(model_path("smollm2")):
+        print(f"  {line}")
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    from meshlm.fileio import atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
