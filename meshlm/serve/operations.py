@@ -4,7 +4,8 @@
 ``/health/ready`` answers 200 only when every served name's stable and candidate versions are loaded and the
 server is not draining for shutdown, 503 otherwise (a load balancer sends traffic elsewhere). ``/health`` is
 the liveness check under its older name. ``/`` and ``/v1`` list the routes, so the base URL the server prints
-(…/v1) answers a browser or ``curl`` with something useful instead of a 404.
+(…/v1) answers a browser or ``curl`` with something useful instead of a 404. ``POST /v1/responses`` is added
+here too (meshlm/serve/responses.py), beside the chat and completions routes the server defines itself.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from meshlm.serve.admin import error_response
 from meshlm.serve.metrics import INSTALL_HINT
 from meshlm.serve.protocol import ApiError
+from meshlm.serve.responses import add_responses_route
 
 if TYPE_CHECKING:
     from meshlm.serve.server import Server
@@ -43,6 +45,8 @@ def route_table(app: FastAPI) -> list[str]:
 
 
 def add_operations_routes(app: FastAPI, server: Server) -> None:
+    add_responses_route(app, server)  # POST /v1/responses (meshlm/serve/responses.py)
+
     @app.get("/health")
     @app.get("/health/live")
     async def live() -> dict[str, str]:
