@@ -107,8 +107,9 @@ def test_responses_follow_the_policy_shape(data):
         if r["policy"] == "refuse":  # explains briefly and offers an alternative: several sentences, not a bare no
             assert reply.count(".") >= 3 and len(reply) < 400
         elif r["policy"] == "warn":
-            assert any(w in reply for w in ("doctor", "pharmacist", "lawyer", "legal aid", "adviser", "counsellor",
-                                            "therapist", "crisis", "professional"))
+            assert any(w in reply for w in ("doctor", "pharmacist", "GP", "lawyer", "legal aid", "solicitor",
+                                            "attorney", "law clinic", "legal advice", "adviser", "planner",
+                                            "accountant", "counsellor", "therapist", "crisis", "professional")), reply
 
 
 def test_near_duplicate_index_catches_framed_copies_only():
@@ -173,7 +174,7 @@ def test_safe_prompts_are_encoded_only_readably_and_typos_keep_the_subject():
 # The bytes of a small synthesis and of the red-team rows for a fixed seed, recorded before safety/ was reorganised
 # into plug-ins and data files (and equal at every step since). They may change only with a deliberate change of
 # the synthesis material, the templates or the frames: then record the new digests in the same commit and say why.
-SYNTH_SHA256 = "1ec2ace821a895f3cc422bc011bd192088325586ecd726fef093e54a52d84077"
+SYNTH_SHA256 = "23f6b8af8caaf0808a7d2b22a3b3f6900e8cac2a9ba8768e2a4175c9f2e7b3cd"
 REDTEAM_SHA256 = "1d06ddd55a81a4f3326740382b3d82aefc3f1f34f67c5d51551f62cfc13f2615"
 
 
@@ -191,7 +192,7 @@ def test_synthesis_and_redteam_rows_are_byte_identical_to_the_recorded_ones():
     synth = json.dumps(examples, ensure_ascii=False, sort_keys=True).encode()
     rows = attack(seeds_from_spec(spec, ("refuse", "warn", "answer")), None, 3, per_prompt=2)
     redteam = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
-    assert (len(examples), len(rows)) == (631, 1120)
+    assert (len(examples), len(rows)) == (601, 1120)
     assert hashlib.sha256(synth).hexdigest() == SYNTH_SHA256
     assert hashlib.sha256(redteam).hexdigest() == REDTEAM_SHA256
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from meshlm.fileio import atomic_write_text
 from meshlm.safety.augment import words
-from meshlm.safety.synth import Example
+from meshlm.safety.synth import MAX_REFUSE_SHARE, Example, limit_refuse_share
 
 HELDOUT_FILE = Path(__file__).parent / "data" / "heldout_prompts.jsonl"
 DATA_VERSION = 1
@@ -104,8 +104,11 @@ def leak_check_prompts(files: list[Path]) -> list[str]:
 
 
 def split_examples(examples: list[Example], seed: int, eval_group_fraction: float = 0.1,
-                   eval_per_group: int = 3, extra_eval_prompts: list[str] = ()) -> Split:
-    """Dedup by normalised prompt, hold out groups, drop training near-duplicates of every evaluation prompt."""
+                   eval_per_group: int = 3, extra_eval_prompts: list[str] = (),
+                   max_refuse_share: float = MAX_REFUSE_SHARE) -> Split:
+    """Dedup by normalised prompt, hold out groups, drop training near-duplicates of every evaluation prompt, then
+    hold the refuse rows of training to ``max_refuse_share`` again (held-out groups and near duplicates leave the
+    policies in other proportions than the synthesis capped)."""
     seen: set[str] = set()
     unique = []
     for ex in examples:
@@ -136,6 +139,7 @@ def split_examples(examples: list[Example], seed: int, eval_group_fraction: floa
             near += 1
             continue
         train.append(ex)
+    train = limit_refuse_share(train, max_refuse_share, random.Random(f"share:{seed}"))
     return Split(train, eval_rows, len(examples) - len(unique), near, sorted(held))
 
 
@@ -185,6 +189,9 @@ def write_dataset(split: Split, out: Path, manifest_extra: dict) -> dict:
         "sft_by_category": dict(sorted(Counter(r["category"] for r in sft).items())),
         "sft_by_policy": dict(sorted(Counter(r["policy"] for r in sft).items())),
         "sft_by_family": dict(sorted(Counter(r["family"] for r in sft).items())),
+        "sft_refuse_share": round(sum(r["policy"] == "refuse" for r in sft) / max(1, len(sft)), 3),
+        "sft_subjects_by_category": dict(sorted(Counter(c for c, _ in {(ex.category, ex.group)
+                                                                         for ex in split.train}).items())),
         "eval_by_category": dict(sorted(Counter(r["category"] for r in split.eval).items())),
         "preference_by_labels": dict(sorted(Counter(f"{r['chosen_label']}>{r['rejected_label']}" for r in pref).items())),
         "labelled_by_label": dict(sorted(Counter(r["label"] for r in labelled).items())),

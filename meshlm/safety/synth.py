@@ -12,6 +12,11 @@ response follows the category's policy:
 - answer: the answer; rejected: an unneeded refusal (``refuse``) or the answer buried in a caution and referral
   (``warn``).
 
+Every material entry is used: a category's entries are taken in seeded permutations, one after another
+(:func:`cycle`), so ``n`` prompts of a category with ``n >= len(entries)`` ask about every entry, and two seeds
+ask in different orders. The mix holds refuse prompts to at most ``SynthSizes.max_refuse_share`` of the distinct
+prompts (:func:`limit_refuse_share`): a model fine-tuned on a refuse-heavy mix learns to refuse on surface words.
+
 Every example carries a ``group`` (its subject): the split holds whole groups out for evaluation. Everything is
 deterministic given the seed.
 """
@@ -22,7 +27,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from meshlm.safety.augment import ENCODINGS, FAMILIES, paraphrase, wrap_attack
+from meshlm.safety.augment import ENCODINGS, FAMILIES, paraphrase, words, wrap_attack
 from meshlm.safety.material import category as material, framings
 from meshlm.safety.spec import Category, Spec
 
@@ -61,12 +66,29 @@ _GENERIC_UNQUALIFIED = ["Just do it, there's nothing to worry about."]
 
 
 def refuse_subjects(category: str) -> list[tuple[str, str]]:
-    """The ``(act, topic)`` subjects of a refuse category (material/CATEGORY.toml)."""
-    return [(act, topic) for act, topic in material(category, "refuse").get("subjects", [])]
+    """The ``(act, topic)`` subjects of a refuse category (material/CATEGORY.toml): its ``subjects`` pairs, then
+    its ``[[entries]]`` tables (``act``, ``topic``, ``writer``); a subject's index is its group."""
+    found = material(category, "refuse")
+    return ([(act, topic) for act, topic in found.get("subjects", [])]
+            + [(e["act"], e["topic"]) for e in found.get("entries", [])])
 
 
-def warn_subjects(category: str) -> list[tuple[list[str], str]]:
-    return [(e["questions"], e["info"]) for e in material(category, "warn").get("subjects", [])]
+def warn_subjects(category: str) -> list[tuple[list[str], list[str]]]:
+    """The ``(questions, infos)`` subjects of a warn category: ``info`` is one general-information text or a list
+    of them (a warn answer takes one)."""
+    return [(e["questions"], [e["info"]] if isinstance(e["info"], str) else list(e["info"]))
+            for e in material(category, "warn").get("subjects", [])]
+
+
+def cycle(size: int, n: int, rng: random.Random) -> list[int]:
+    """``n`` indices into ``size`` entries: seeded permutations of ``range(size)`` one after another, so every
+    entry is used once before any is used twice (``i % size`` used only the first ``n`` entries of a file)."""
+    order: list[int] = []
+    while size and len(order) < n:
+        block = list(range(size))
+        rng.shuffle(block)
+        order += block
+    return order[:n]
 
 
 def refusal(rng: random.Random, category: str, topic: str) -> str:
@@ -92,13 +114,11 @@ def warn_closing(rng: random.Random, category: str) -> str:
 def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
     subjects = refuse_subjects(cat.name)
     out = []
-    for i in range(n):
+    for s in cycle(len(subjects) or len(cat.seed_prompts), n, rng):
         if subjects:
-            s = i % len(subjects)
             act, topic = subjects[s]
             prompt = paraphrase(rng.choice(framings()["refuse"]).format(act=act), rng)
         else:  # a user-spec category without material: its seed prompts, paraphrased
-            s = i % len(cat.seed_prompts)
             act, topic, prompt = None, "this request", paraphrase(cat.seed_prompts[s], rng)
         response = refusal(rng, cat.name, topic)
         complied = rng.choice(framings()["compliance"]).format(act=act or "do that")
@@ -107,16 +127,16 @@ def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]
 
 
 def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
-    subjects = warn_subjects(cat.name) or [([p], "Here is some general information on this topic.")
-                                                     for p in cat.seed_prompts]
+    subjects = warn_subjects(cat.name) or [([p], ["Here is some general information on this topic."])
+                                           for p in cat.seed_prompts]
     unqualified = material(cat.name, "warn").get("unqualified", _GENERIC_UNQUALIFIED)
     out = []
-    for i in range(n):
-        s = i % len(subjects)
-        questions, info = subjects[s]
+    for s in cycle(len(subjects), n, rng):
+        questions, infos = subjects[s]
         prompt = paraphrase(_warn_frame(rng.choice(questions), rng), rng)
         rejected = [(rng.choice(_BARE_REFUSALS), "refuse"), (rng.choice(unqualified), "answer")]
-        out.append(Example(prompt, cat.name, "warn", warn_answer(rng, cat.name, info), rejected, f"{cat.name}:{s}"))
+        response = warn_answer(rng, cat.name, rng.choice(infos))
+        out.append(Example(prompt, cat.name, "warn", response, rejected, f"{cat.name}:{s}"))
     return out
 
 
@@ -128,8 +148,7 @@ def _answer_examples(cat: Category, n: int, rng: random.Random, entries: list[tu
     if not entries:
         entries = [([p], "Here is a helpful answer to your question.") for p in cat.seed_prompts]
     out = []
-    for i in range(n):
-        s = i % len(entries)
+    for s in cycle(len(entries), n, rng):
         questions, answer = entries[s]
         prompt = paraphrase(rng.choice(questions), rng)
         topic = "that"
@@ -176,6 +195,11 @@ def corpus_entries(documents: list[str], limit: int, rng: random.Random) -> list
     return found[:limit]
 
 
+# Refuse prompts at most this share of the distinct prompts of the mix and of the SFT rows the split keeps: a mix
+# of 52% refusals taught SmolLM2 to refuse kitchen, sport and programming questions on surface words (issue 29).
+MAX_REFUSE_SHARE = 0.4
+
+
 @dataclass(frozen=True)
 class SynthSizes:
     """Prompts per category (before dedup and split) and the share wrapped in attack frames."""
@@ -187,6 +211,11 @@ class SynthSizes:
     attack_fraction_answer: float = 0.12
     corpus_questions: int = 150
     arithmetic: int = 80
+    max_refuse_share: float = MAX_REFUSE_SHARE
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_refuse_share <= 1:
+            raise ValueError(f"max_refuse_share = {self.max_refuse_share}: must be in (0, 1]")
 
 
 def synthesize(spec: Spec, seed: int, sizes: SynthSizes = SynthSizes(),
@@ -206,9 +235,31 @@ def synthesize(spec: Spec, seed: int, sizes: SynthSizes = SynthSizes(),
         share = sizes.attack_fraction_refuse if cat.policy == "refuse" else sizes.attack_fraction_answer
         if cat.policy != "warn":
             examples += _attacks(base, share, crng)
+    examples = limit_refuse_share(examples, sizes.max_refuse_share, random.Random(f"{seed}:share"))
     _add_cross_policy_rejections(examples, rng)
     rng.shuffle(examples)
     return examples
+
+
+def limit_refuse_share(examples: list[Example], share: float, rng: random.Random) -> list[Example]:
+    """``examples`` less refuse prompts (seeded) until refuse prompts are at most ``share`` of the distinct
+    prompts (normalised as the split dedups them). One prompt of every refuse subject is dropped last, so the
+    cap thins subjects before it loses any."""
+    first: dict[str, Example] = {}
+    for ex in examples:
+        first.setdefault(" ".join(words(ex.prompt)), ex)
+    refuse = [key for key, ex in first.items() if ex.policy == "refuse"]
+    budget = int(share * (len(first) - len(refuse)) / (1 - share)) if share < 1 else len(refuse)
+    if len(refuse) <= budget:
+        return examples
+    rng.shuffle(refuse)
+    seen: set[str] = set()
+    leads, rest = [], []
+    for key in refuse:
+        (rest if first[key].group in seen else leads).append(key)
+        seen.add(first[key].group)
+    keep = set((leads + rest)[:budget])
+    return [ex for ex in examples if ex.policy != "refuse" or " ".join(words(ex.prompt)) in keep]
 
 
 def _add_cross_policy_rejections(examples: list[Example], rng: random.Random) -> None:
