@@ -94,3 +94,192 @@ def test_a_breaking_row_fails_alone_and_its_neighbours_decode_as_alone():
         assert not any(isinstance(e, Finished) for e in rec.events), how
     assert isinstance(after.emit.events[-1], Finished) and len(after.generated) == 4
     assert engine.status()["active"] == 0
+
+
+# --- over HTTP ---------------------------------------------------------------------------------------------------
+SELF_REFERRING = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
+                  "$ref": "#/$defs/n"}
+PAIR = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                         "b": {"enum": ["x", "y"]}},
+        "required": ["a", "b"], "additionalProperties": False}
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("isolation")
+    step1, = random_checkpoints(root / "run", steps=(1,))
+    reg = Registry(root / "reg.sqlite")
+    reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))
+    yield from start_in_process(reg, ["tiny:v1"])
+    reg.close()
+
+
+def run_together(calls: dict) -> dict:
+    """Run each call in its own thread at once; its result or the exception it raised."""
+    results: dict = {}
+
+    def run(key, fn):
+        try:
+            results[key] = fn()
+        except Exception as exc:  # kept for the assertions
+            results[key] = exc
+
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def streamed_text(stream) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def test_a_schema_without_a_value_is_a_400_and_its_neighbours_succeed(served):
+    client = served.client()
+    chat = [{"role": "user", "content": "JSON please"}]
+
+    def structured(schema, seed):
+        return lambda: client.chat.completions.create(model="tiny", messages=chat, max_tokens=48, seed=seed,
+                                                      response_format=schema_format(schema))
+
+    calls = {f"pair{i}": structured(PAIR, i) for i in range(6)}
+    calls["loop"] = structured(SELF_REFERRING, 0)
+    calls["root"] = structured({"$ref": "#"}, 0)  # was a 200 with empty content, not JSON
+    calls["stream"] = lambda: streamed_text(client.chat.completions.create(model="tiny", messages=chat,
+                                                                           max_tokens=48, stream=True))
+    results = run_together(calls)
+    for key in ("loop", "root"):
+        assert isinstance(results[key], openai.BadRequestError), results[key]
+        assert results[key].body["param"] == "response_format"
+        assert results[key].body["code"] == "schema_without_value", results[key].body
+    for i in range(6):
+        jsonschema.validate(json.loads(results[f"pair{i}"].choices[0].message.content), PAIR)
+    assert isinstance(results["stream"], str) and results["stream"]
+
+
+class BreakingGrammar:
+    """The backend's grammar engine, except that a schema titled "breaks" gets rows that break at step ``at``
+    (recording how many rows were decoding then, to show the neighbours were in the same batch)."""
+
+    def __init__(self, real, engine, at: int = 12) -> None:
+        self.real, self.engine, self.at, self.batch_sizes = real, engine, at, []
+
+    def masks(self, response_format, n):
+        if response_format["json_schema"]["schema"].get("title") != "breaks":
+            return self.real.masks(response_format, n)
+        return [_Counting(self, "allowed") for _ in range(n)]
+
+
+class _Counting(Breaks):
+    def __init__(self, owner: BreakingGrammar, how: str) -> None:
+        super().__init__(how, owner.at)
+        self.owner = owner
+
+    def allowed(self, vocab_size, device):
+        if self.steps >= self.at:
+            self.owner.batch_sizes.append(len(self.owner.engine._rows))  # engine thread: its own state
+        return super().allowed(vocab_size, device)
+
+
+def test_a_failing_row_fails_alone_streamed_and_not(served):
+    client, backend = served.client(), served.backend("tiny:v1")
+    prompt = "Once upon a time"
+    breaks = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"title": "breaks"}}}
+
+    def completion(stream: bool, fmt=None):
+        def call():
+            out = client.completions.create(model="tiny", prompt=prompt, max_tokens=64, temperature=0, stream=stream,
+                                            extra_body={"response_format": fmt} if fmt else None)
+            return "".join(c.choices[0].text for c in out if c.choices) if stream else out.choices[0].text
+        return call
+
+    alone = completion(False)()
+    backend.grammar = BreakingGrammar(backend.grammar, backend.engine)
+    try:
+        results = run_together({"broken": completion(False, breaks), "broken_stream": completion(True, breaks),
+                                **{f"plain{i}": completion(False) for i in range(3)},
+                                **{f"stream{i}": completion(True) for i in range(2)}})
+    finally:
+        batch_sizes, backend.grammar = backend.grammar.batch_sizes, backend.grammar.real
+    assert batch_sizes and max(batch_sizes) >= 3, batch_sizes  # the broken rows decoded beside healthy ones
+    assert isinstance(results["broken"], openai.InternalServerError), results["broken"]
+    assert results["broken"].body["code"] == "engine_error"
+    # A stream had begun (200): it ends with the error event, which the client raises as an APIError.
+    assert isinstance(results["broken_stream"], openai.APIError), results["broken_stream"]
+    for key in ("plain0", "plain1", "plain2", "stream0", "stream1"):
+        assert results[key] == alone, key  # greedy: exactly what it gets alone
+    records = {r["request_id"]: r for r in served.audit.records}
+    statuses = sorted(r["status"] for r in list(records.values())[-7:])
+    assert statuses == [200] * 5 + [500] * 2, statuses
+
+
+@pytest.mark.parametrize("extra, param", [({"logit_bias": {"²": 5}}, "logit_bias"),  # isdigit, not an int
+                                          ({"seed": 2 ** 70}, "seed"),
+                                          ({"stop": "x" * 600}, "stop")])
+def test_bad_values_are_400s(served, extra, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        served.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                max_tokens=4, extra_body=extra)
+    assert err.value.body["param"] == param, err.value.body
+
+
+def test_deeply_nested_body_is_a_400(served):
+    import httpx2
+
+    body = '{"model": "tiny", "messages": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    r = httpx2.post(served.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+
+
+def test_a_prompt_too_long_by_its_characters_is_refused_untokenised_and_unrecorded(served):
+    backend = served.backend("tiny:v1")
+    limit = (backend.context - 1) * backend.token_chars  # characters that (context - 1) tokens can cover at most
+    client = served.client()
+    for size in (limit + 1, 200_000):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="tiny", prompt="a" * size)
+        body = err.value.body
+        assert body["code"] == "context_length_exceeded" and f"{size} characters" in body["message"], body
+    record = served.audit.records[-1]
+    assert record["status"] == 400 and record["prompt"] is None and "not recorded" in record["error"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}] * 3000)
+    assert err.value.body["code"] == "too_many_messages"
+
+
+def test_a_stream_whose_client_stops_reading_is_cut_and_audited_as_delivered(served, monkeypatch):
+    import socket
+    import time
+
+    from meshlm.serve import local
+
+    monkeypatch.setattr(local, "MAX_UNREAD_EVENTS", 16)  # the bound, made small enough for 96-token answers
+    engine = served.backend("tiny:v1").engine
+    before, requests = len(served.audit.records), engine.status()["requests"]
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, "n": 8,
+                       "max_tokens": 96, "temperature": 1.0, "logprobs": True, "top_logprobs": 20,
+                       "stop": ["never-0", "never-1"]}).encode()
+    host, port = served.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, and it is never read
+    sock.connect((host, int(port)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 60
+    while engine.status()["requests"] == requests or engine.status()["active"] or engine.status()["queued"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sock.close()
+    while len(served.audit.records) == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    record = served.audit.records[-1]
+    assert record["client"] == "stopped_reading" and record["status"] == 499, record
+    assert record["completion_tokens"] < 8 * 96  # what the connection took, not what was generated
+    assert all(len(text) < 96 * 32 for text in record["response"])

@@ -68,6 +68,7 @@ class Exchange:
     delivered: dict[int, int] = field(default_factory=dict)  # choice -> tokens
     shown: dict[int, list[str]] = field(default_factory=dict)  # choice -> text pieces
     client: str | None = None  # "disconnected" or "stopped_reading": the client did not take the whole answer
+    failure: ApiError | None = None  # the backend's error event (its status and code reach the client)
 
     def deliver(self, index: int, tokens: int, text: str) -> None:
         self.delivered[index] = self.delivered.get(index, 0) + tokens
@@ -242,7 +243,8 @@ class Server:
             raise
         await self._finish(ex)
         if not ex.finished:
-            return error_response(ApiError(ex.status, ex.error or "generation failed", type="server_error"))
+            return error_response(ex.failure or ApiError(ex.status, ex.error or "generation failed",
+                                                         type="server_error"))
         return JSONResponse(self._body(ex, final=True))
 
     async def _internal(self, ex: Exchange, exc: Exception) -> Response:
@@ -262,6 +264,7 @@ class Server:
             ex.ends[event.index] = event
         elif isinstance(event, Failed):
             ex.fail(event.error)
+            ex.failure = event.error
 
     async def _sse(self, ex: Exchange, handle: Handle, include_usage: bool) -> AsyncIterator[bytes]:
         """Server-sent events: a role chunk (chat), one chunk per delta, a finish chunk, usage, [DONE]."""
