@@ -15,6 +15,11 @@ crash at any moment leaves either a complete, verifiable checkpoint or a ``.tmp`
 is hashed once, by the rank that wrote it, right after writing it; rank 0 gathers the hashes into the manifest.
 Replacing a folder of the same step renames the old one aside (``step-XXXXXXXX.old``) before the new one moves in
 and deletes it only afterwards; an aside left by a crash counts as that step's checkpoint until replaced.
+
+A save the file system refuses (a full disk, a folder without write permission) deletes its ``.tmp`` folder and
+raises a :class:`CheckpointError` on every rank that names the checkpoint and the cause
+(meshlm/checkpoint/write_failure.py): the CLI prints one line and exits 2, and the previous checkpoints are
+untouched.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from meshlm.checkpoint.write_failure import describe_write_failure
 from meshlm.errors import CheckpointError
 from meshlm.fileio import atomic_write_text, sha256_file
 from meshlm.models.init import canonical_name
@@ -60,11 +66,6 @@ def step_dir_name(step: int) -> str:
 
 def _is_dist() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _barrier() -> None:
-    if _is_dist():
-        dist.barrier()
 
 
 def verify_checkpoint(path: Path) -> str | None:
@@ -126,11 +127,17 @@ def choose_resume_checkpoint(ckpt_root: Path, say: Callable[[str], None] = print
             count = len(json.loads((found / "manifest.json").read_text())["files"])
             say(f"checkpoint {found} verified by rank 0 ({count} files, sha256); every rank resumes from it")
             choice = str(found)
-    if _is_dist():
-        box = [choice]
-        dist.broadcast_object_list(box, src=0)
-        choice = box[0]
+    choice = _from_rank0(choice)
     return Path(choice) if choice is not None else None
+
+
+def remove_unfinished(ckpt_root: Path) -> list[Path]:
+    """Delete the ``step-*.tmp`` folders under ``ckpt_root`` (saves that never completed; call it only when no
+    save is running) and return them."""
+    stale = sorted(Path(ckpt_root).glob("step-*.tmp")) if Path(ckpt_root).is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def read_train_state(path: Path) -> dict[str, Any]:
@@ -160,10 +167,31 @@ class CheckpointManager:
         own, because DCP's file writer keeps every tensor of a file alive until the file is done (torch 2.13)."""
         final = self.root / step_dir_name(step)
         tmp = self.root / (step_dir_name(step) + ".tmp")
+        error = None
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that crashed
-            (tmp / "rng").mkdir(parents=True)
-        _barrier()
+            error = _try_write(lambda: (tmp / "rng").mkdir(parents=True), tmp)
+        self._raise_if(_from_rank0(error), final)  # also the barrier: the folder exists
+        hashes: dict[str, dict[str, Any]] = {}
+        error = _try_write(lambda: hashes.update(self._write_rank_files(tmp, parts, optimizers, planner)), tmp)
+        every_rank = _gather_to_rank0((hashes, error))  # also the barrier: every rank's files are written
+        if self.rank == 0:
+            error = next((e for _, e in every_rank if e), None)
+            if error is None:
+                files = {k: v for per_rank, _ in every_rank for k, v in per_rank.items()}
+                error = _try_write(lambda: self._write_rank0_files(tmp, step, files, train_state, config_toml,
+                                                                   extra_files), tmp)
+            if error is None:
+                _put_in_place(tmp, final)
+                self._prune(step)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the previous checkpoints stay
+        self._raise_if(_from_rank0(error), final)  # also the barrier: the checkpoint is in place
+        return final
+
+    def _write_rank_files(self, tmp: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None,
+                          planner: dcp.SavePlanner | None) -> dict[str, dict[str, Any]]:
+        """This rank's DCP shards and RNG state (collective: DCP coordinates the ranks); their manifest entries."""
         state = _PartStates(parts, optimizers, self.trainable_only)  # optimizers=None: weights only
         tensors = {"model": state.model} if state.optimizer is None else {"model": state.model,
                                                                           "optimizer": state.optimizer}
@@ -175,19 +203,25 @@ class CheckpointManager:
         torch.save(_rng_state(), rng)
         hashes[f"rng/rank-{self.rank:05d}.pt"] = _write_hashed(tmp / "rng" / f"rank-{self.rank:05d}.pt",
                                                                rng.getvalue())
-        every_rank = _gather_to_rank0(hashes)  # also the barrier: every rank's files are written
-        if self.rank == 0:
-            files = {k: v for per_rank in every_rank for k, v in per_rank.items()}
-            files["train_state.json"] = _write_hashed(tmp / "train_state.json",
-                                                      json.dumps({**train_state, "step": step}, indent=1).encode())
-            files["config.toml"] = _write_hashed(tmp / "config.toml", config_toml.encode())
-            for name, src in (extra_files or {}).items():
-                files[name] = _write_hashed(tmp / name, Path(src).read_bytes())
-            self._write_manifest(tmp, step, files)
-            _put_in_place(tmp, final)
-            self._prune(step)
-        _barrier()
-        return final
+        return hashes
+
+    def _write_rank0_files(self, tmp: Path, step: int, files: dict[str, dict[str, Any]], train_state: dict[str, Any],
+                           config_toml: str, extra_files: dict[str, Path] | None) -> None:
+        files["train_state.json"] = _write_hashed(tmp / "train_state.json",
+                                                  json.dumps({**train_state, "step": step}, indent=1).encode())
+        files["config.toml"] = _write_hashed(tmp / "config.toml", config_toml.encode())
+        for name, src in (extra_files or {}).items():
+            files[name] = _write_hashed(tmp / name, Path(src).read_bytes())
+        self._write_manifest(tmp, step, files)
+
+    def _raise_if(self, cause: str | None, final: Path) -> None:
+        """A failed save, as every rank reports it: the cause, and what is still there to resume from."""
+        if cause is None:
+            return
+        previous = [path.name for step, path in list_checkpoints(self.root) if path != final]
+        kept = f"the previous checkpoint {previous[-1]} is untouched" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(f"cannot write checkpoint {final}: {cause}; {kept}; free space (or fix the "
+                              "permissions) and continue with --resume auto")
 
     def _write_manifest(self, folder: Path, step: int, hashed: dict[str, dict[str, Any]]) -> None:
         """``hashed``: what the writers hashed; a file nobody reported (DCP's ``.metadata``, written by the
@@ -326,6 +360,28 @@ def _own_dcp_hashes(folder: Path, rank: int) -> dict[str, dict[str, Any]]:
     for file in sorted((folder / "dcp").glob(f"__{rank}_*")):
         out[f"dcp/{file.name}"] = {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
     return out
+
+
+def _try_write(write: Callable[[], Any], folder: Path) -> str | None:
+    """Run ``write``; None when it succeeds, else the file-system cause of its failure. A failure the file system
+    does not explain is a bug and propagates."""
+    try:
+        write()
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        cause = describe_write_failure(exc, folder)
+        if cause is None:
+            raise
+        return cause
+    return None
+
+
+def _from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a barrier when distributed)."""
+    if not _is_dist():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _gather_to_rank0(obj: Any) -> list[Any]:

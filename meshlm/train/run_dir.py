@@ -26,9 +26,22 @@ def check_run_dir(run_dir: Path, config_toml: str, resume: bool) -> None:
 
 
 def write_run_dir(run_dir: Path, config_toml: str) -> None:
+    """Create ``run_dir`` and write the resolved config (one process: rank 0 or the launcher). An unfinished
+    checkpoint folder of an earlier run (``checkpoints/step-*.tmp``, left by a crash or a full disk) is removed
+    first: nothing writes it any more, and on a full disk it holds the space this start needs."""
+    from meshlm.checkpoint.manager import remove_unfinished
+
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / RESOLVED, config_toml)
+    for stale in remove_unfinished(run_dir / "checkpoints"):
+        print(f"removed {stale}: an unfinished checkpoint save of an earlier run", flush=True)
+    resolved = run_dir / RESOLVED
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not resolved.is_file() or resolved.read_text() != config_toml:  # a resume rewrites nothing unchanged
+            atomic_write_text(resolved, config_toml)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write {resolved}: {exc.strerror or exc}; free space (or fix the permissions) "
+                              "of the run directory and start again") from None
 
 
 def init_run_dir(run_dir: Path, config_toml: str, resume: bool) -> None:
