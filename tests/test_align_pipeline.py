@@ -240,3 +240,63 @@ def test_lora_stages_train_adapters_and_merge_them_into_full_checkpoints(tiny_ru
             run_pipeline(load_align_config(copy / "align.resolved.toml", change), copy, resume=True,
                          log=lambda msg: None)
         assert (copy / "align.resolved.toml").read_text() == resolved  # the run still says what it ran
+
+
+def _copy_without_generations(run, dest):
+    """The run with its trained stages but none of its generations (evaluations, self-distilled rows, reports)."""
+    import shutil
+
+    shutil.copytree(run, dest, ignore=shutil.ignore_patterns("eval", "sft_self.jsonl", "self_distill.json",
+                                                             "report.*"))
+    return dest
+
+
+def test_a_second_run_of_the_same_base_is_served_from_the_cache(tiny_run, tmp_path, monkeypatch):
+    """Two run directories, one empty cache: the first computes every generation and judge label, the second is
+    served all of them (and says so), with the same answers, files and figures; a run decoding its training data
+    and development figures in int8 misses exactly those stages and keeps fp32 (cache hits) for the gated ones."""
+    from meshlm.safety.pipeline import run_pipeline
+
+    run, _ = tiny_run
+    monkeypatch.setenv("MESHLM_CACHE", str(tmp_path / "cache"))
+    cfg = load_align_config(run / "align.resolved.toml")
+    generating = ("self_distill", "eval_base", "facts_base", "eval_sft", "facts_sft", "eval_dpo", "facts_dpo")
+    first = run_pipeline(cfg, _copy_without_generations(run, tmp_path / "a"), resume=True, log=lambda msg: None)
+    stages = {r["stage"]: r for r in first["stages"]}
+    assert set(generating) <= set(stages) and not any(r["from_cache"] for r in first["stages"])
+    assert first["cache"]["generate"]["hits"] == 0 < first["cache"]["generate"]["misses"]
+    logs: list[str] = []
+    second = run_pipeline(cfg, _copy_without_generations(run, tmp_path / "b"), resume=True, log=logs.append)
+    served = {r["stage"]: r for r in second["stages"]}
+    assert all(served[s]["from_cache"] for s in generating), second["stages"]
+    assert second["cache"]["generate"]["misses"] == 0 and second["cache"]["label"]["misses"] == 0
+    assert sum("from the cache" in line for line in logs) == len(generating)
+    assert second["models"] == first["models"]
+    figures = lambda facts: {m: {k: v for k, v in r.items() if k not in ("source", "generate_s")}  # noqa: E731
+                             for m, r in facts.items()}  # the run folder and the time differ, nothing else
+    assert figures(second["facts"]) == figures(first["facts"])
+    assert second["data"]["self_distill"] == first["data"]["self_distill"]
+    for name in ("data/sft_self.jsonl", "eval/base/heldout/responses.jsonl", "eval/dpo/synthetic/responses.jsonl",
+                 "eval/sft/facts/responses.jsonl"):
+        assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes(), name
+    # the report's time: every stage, which trained, and the share spent training (here: stages reused, ~0)
+    assert [r["training"] for r in second["stages"] if r["stage"] in ("base", "sft", "dpo")] == [True] * 3
+    assert 0 <= second["training_share"] < 1 and "| eval_base |" in (tmp_path / "b" / "report.md").read_text()
+
+    int8 = load_align_config(run / "align.resolved.toml", ['generation.weights="int8"'])
+    third = run_pipeline(int8, _copy_without_generations(run, tmp_path / "c"), resume=True, log=lambda msg: None)
+    got = {r["stage"]: r["cache"]["generate"] for r in third["stages"]}
+    assert got["self_distill"]["hits"] == 0 < got["self_distill"]["misses"]  # int8: another decode setting
+    for stage in ("eval_base", "facts_base", "facts_sft", "facts_dpo"):  # held-out and factual answers stay fp32
+        assert got[stage]["misses"] == 0 < got[stage]["hits"], (stage, got[stage])
+    for stage in ("eval_sft", "eval_dpo"):  # held-out (fp32) served; the synthetic set decoded in int8
+        assert got[stage]["hits"] > 0 and got[stage]["misses"] > 0, (stage, got[stage])
+    entries = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "align" / "generate").rglob("*.json")]
+    formats: dict[str, set] = {}  # each prompt's decoded weight formats, over every model
+    for entry in entries:
+        for prompt in entry["prompts"]:
+            formats.setdefault(prompt, set()).add(entry["key"]["weights"])
+    synthetic = [json.loads(line)["prompt"] for line in (tmp_path / "c" / "eval/dpo/synthetic/responses.jsonl")
+                 .read_text().splitlines()]
+    assert all("int8" in formats[p] for p in synthetic)
+    assert all(formats[p] == {"fp32"} for p, *_ in HELDOUT)  # gated: never int8

@@ -27,6 +27,9 @@ def _add_pipeline_args(p: argparse.ArgumentParser, with_config: bool) -> None:
     p.add_argument("--run-dir", help="where data, checkpoints, evaluations and the report go "
                                      "(default runs/align-<time>)")
     p.add_argument("--resume", choices=["auto"], help="continue a stopped run: complete stages are reused")
+    p.add_argument("--no-cache", dest="cache", action="store_false", default=None,
+                   help="neither read nor write the cache of generations and judge labels ($MESHLM_CACHE/align), "
+                        "which otherwise serves a model's answers to the same inputs from any earlier run")
     p.add_argument("--json", action="store_true", help="print the report (without per-prompt records) as JSON")
 
 
@@ -95,7 +98,7 @@ def run_align(args: argparse.Namespace) -> int:
 
     cfg = load_align_config(args.config, args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"align-{time.strftime('%Y%m%d-%H%M%S')}"
-    report = run_pipeline(cfg, run_dir, resume=bool(args.resume))
+    report = run_pipeline(cfg, run_dir, resume=bool(args.resume), cache=args.cache is not False)
     if args.json:
         emit(report)
     else:

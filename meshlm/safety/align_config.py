@@ -184,8 +184,18 @@ class EvalSection:
                               "rows, leave it empty for the embedded questions, or \"none\" to skip them")
 
 
+@dataclass
+class GenerationSection:
+    weights: str = option("fp32", "Decode weights of the generation whose text becomes training data or development "
+                          "figures: the self-distilled SFT targets, the on-policy pairs and the synthetic-set "
+                          "evaluation. 'int8' decodes them on int8 copies of the weights (CPU only, meshlm's packed "
+                          "decode path; refused where it cannot run the model). The held-out evaluation (gated) and "
+                          "the factual questions always decode in fp32.", choices=("fp32", "int8"))
+
+
 SECTIONS: dict[str, type] = {"spec": SpecSection, "data": DataSection, "model": ModelSection, "base": BaseSection,
-                             "sft": SFTSection, "dpo": DPOSection, "redteam": RedteamSection, "eval": EvalSection}
+                             "sft": SFTSection, "dpo": DPOSection, "redteam": RedteamSection, "eval": EvalSection,
+                             "generation": GenerationSection}
 
 
 @dataclass
@@ -198,6 +208,7 @@ class AlignConfig:
     dpo: DPOSection = field(default_factory=DPOSection)
     redteam: RedteamSection = field(default_factory=RedteamSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
 
     def to_toml(self) -> str:
         return dumps_toml({name: to_dict(getattr(self, name)) for name in SECTIONS})

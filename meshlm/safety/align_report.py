@@ -1,12 +1,22 @@
-"""The align pipeline's report: report.json, report.md (base, SFT-only and SFT+DPO side by side) and a plot."""
+"""The align pipeline's report: report.json, report.md (base, SFT-only and SFT+DPO side by side) and a plot.
+
+Time: each stage (data, base, self_distill, sft, on_policy, dpo, eval_<model>, facts_<model>) records its wall
+time, whether it trains (base when pretrained here, sft, dpo), the cache's generation and label batches it was
+served and missed, and ``from_cache`` (every generation batch it asked was served); ``training_share`` is the
+training stages' wall time over the run's.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from meshlm.fileio import atomic_write_text
+from meshlm.safety.align_config import AlignConfig, lora_table
 from meshlm.safety.metrics import DEGENERACY, HEADLINE
 from meshlm.safety.usefulness import facts_markdown
 
@@ -67,8 +77,17 @@ def report_markdown(report: dict[str, Any]) -> str:
     t = report["timings"]
     load = ", ".join(f"{x:.2f}" for x in report["load_average"])
     lines += ["## Time", "", f"total {t['total_s']:.0f} s on {report['cpu_count']} CPUs (load average at the end: "
-              f"{load}); " + ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k != "total_s"),
+              f"{load}); training {report.get('training_share', 0):.0%} of it",
               f"steps: {report['steps']}" + _fine_tuning(report), ""]
+    if report.get("stages"):
+        lines += ["| stage | wall s | share | trains | from the cache (generation, label batches) |",
+                  "|---|---|---|---|---|"]
+        for r in report["stages"]:
+            g, lab = r["cache"]["generate"], r["cache"]["label"]
+            served = f"{g['hits']}/{g['hits'] + g['misses']}, {lab['hits']}/{lab['hits'] + lab['misses']}"
+            lines.append(f"| {r['stage']} | {r['wall_s']:.1f} | {r['wall_s'] / max(t['total_s'], 1e-9):.0%} | "
+                         f"{'yes' if r['training'] else ''} | {served}{' (all)' if r['from_cache'] else ''} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -110,6 +129,79 @@ def plot_report(report: dict[str, Any], out: Path) -> Path:
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+class Stages:
+    """Each stage's wall time, whether it trains, and what the cache served it (module docstring)."""
+
+    def __init__(self, cache, log: Callable[[str], None]) -> None:
+        self.cache, self.log, self.rows, self.start = cache, log, [], time.perf_counter()
+
+    @contextlib.contextmanager
+    def run(self, name: str, training: bool = False) -> Iterator[None]:
+        before, start = self.cache.snapshot(), time.perf_counter()
+        yield
+        used = self.cache.since(before)
+        gen = used["generate"]
+        self.rows.append({"stage": name, "wall_s": round(time.perf_counter() - start, 3), "training": training,
+                          "cache": used, "from_cache": gen["hits"] > 0 and gen["misses"] == 0})
+        served = [f"{c['hits']} of {c['hits'] + c['misses']} {what} batches" for what, c in
+                  (("generation", gen), ("label", used["label"])) if c["hits"]]
+        if served:
+            self.log(f"{name}: {' and '.join(served)} from the cache {self.cache.root}")
+
+    def timings(self) -> dict[str, float]:
+        """``<stage>_s`` per stage, ``eval_s`` (every evaluation and factual stage) and ``total_s``."""
+        t = {f"{r['stage']}_s": r["wall_s"] for r in self.rows}
+        return {**t, "eval_s": sum(v for k, v in t.items() if k.startswith(("eval_", "facts_"))),
+                "total_s": time.perf_counter() - self.start}
+
+
+_LOWER_IS_BETTER = {"false_refusal_rate", "attack_success_rate"}
+
+
+def dpo_vs_sft(reports: dict[str, dict]) -> list[dict]:
+    """Each headline metric of SFT+DPO against SFT-only on the held-out set: no worse by the point estimate, and
+    whether the difference is beyond noise (Wilson intervals that do not overlap)."""
+    rows = []
+    for metric in HEADLINE:
+        a, b = reports["sft"]["heldout"][metric], reports["dpo"]["heldout"][metric]
+        if not a["n"]:
+            continue
+        worse = b["rate"] > a["rate"] if metric in _LOWER_IS_BETTER else b["rate"] < a["rate"]
+        separated = b["ci95"][0] > a["ci95"][1] or b["ci95"][1] < a["ci95"][0]
+        rows.append({"metric": metric, "sft": a["rate"], "dpo": b["rate"], "no_worse": not worse,
+                     "significantly_worse": worse and separated})
+    return rows
+
+
+def assemble_report(cfg: AlignConfig, manifest: dict, checkpoints: dict[str, Path], final: str,
+                    sets: dict[str, list], reports: dict[str, dict], facts: dict[str, dict],
+                    stages: Stages) -> dict[str, Any]:
+    """report.json's content: settings, data, every model's figures, the gates and verdict, the stages' times."""
+    from meshlm.safety.usefulness import facts_vs_base
+
+    timings = stages.timings()
+    training = sum(r["wall_s"] for r in stages.rows if r["training"])
+    cache = stages.cache
+    report = {"config": json.loads(json.dumps(cfg, default=lambda o: o.__dict__)), "data": manifest,
+              "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "final_model": final,
+              "timings": timings, "stages": stages.rows, "training_s": round(training, 3),
+              "training_share": training / timings["total_s"] if timings["total_s"] > 0 else 0.0,
+              "cache": {"dir": str(cache.root) if cache.root else None, **cache.snapshot()},
+              "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
+              "steps": {"base": 0 if cfg.base.checkpoint else cfg.base.steps, "sft": cfg.sft.steps,
+                        "dpo": cfg.dpo.steps if cfg.dpo.enabled else 0},
+              "lora": {"sft": lora_table(cfg.sft), "dpo": lora_table(cfg.dpo)},
+              "sets": {k: len(v) for k, v in sets.items()}, "models": reports,
+              "gates": reports[final]["heldout"]["gates"], "passed": reports[final]["heldout"]["passed"]}
+    if cfg.dpo.enabled:
+        report["dpo_vs_sft"] = dpo_vs_sft(reports)
+        report["passed"] = report["passed"] and all(r["no_worse"] for r in report["dpo_vs_sft"])
+    if facts:
+        report["facts"], report["facts_vs_base"] = facts, facts_vs_base(facts, final, cfg.eval.facts_max_drop)
+        report["passed"] = report["passed"] and (report["facts_vs_base"] or {}).get("passed", True)
+    return report
 
 
 def write_report(report: dict[str, Any], run_dir: Path) -> None:

@@ -10,6 +10,8 @@ truncation rule does.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -44,8 +46,45 @@ class CheckpointGenerator:
         if self.max_prompt < 1:
             raise ConfigError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in model.max_seq_len "
                               f"{cfg.model.max_seq_len}; lower it")
-        self.system, self.device, self.weights = system, device, weights
+        self.system, self.device, self.weights = system, device, "fp32"
         self.generator = None if greedy else torch.Generator(device).manual_seed(seed)
+        self._identity: dict[str, str] = {}  # shared by every view (using): filled once, by cache_key
+        if weights != "fp32":
+            self._check_weights(weights, "--weights")
+            self.weights = weights
+
+    def using(self, weights: str, key: str = "--weights") -> "CheckpointGenerator":
+        """A view of this generator (the same loaded model) decoding with ``weights`` (fp32 or int8, refused with
+        a ConfigError naming ``key`` where the packed decode path cannot run this model)."""
+        if weights != "fp32":
+            self._check_weights(weights, key)
+        view = copy.copy(self)
+        view.weights = weights
+        return view
+
+    def _check_weights(self, weights: str, key: str) -> None:
+        from meshlm.generate.int8 import check_weight_format
+        from meshlm.generate.packed import unsupported_reason
+
+        param = next(self.model.parameters())
+        check_weight_format(weights, param.device, param.dtype, key)
+        reason = unsupported_reason(self.model)
+        if reason is not None:
+            raise ConfigError(f"{key} = {weights!r} needs meshlm's packed decode path, which the model of "
+                              f"{self.checkpoint} cannot use ({reason}); use fp32")
+
+    def cache_key(self, prompts: list[str]) -> dict:
+        """What this generator's responses to ``prompts`` depend on (meshlm/safety/cache.py): the weights' and
+        the tokenizer's sha256, the prompts' token ids, the sampling settings, the weight format and the device."""
+        if not self._identity:
+            from meshlm.checkpoint.load import weights_sha256
+            from meshlm.fileio import sha256_file
+
+            self._identity.update(weights_sha256=weights_sha256(self.model),
+                                  tokenizer_sha256=sha256_file(self.checkpoint / "tokenizer.json"))
+        return {**self._identity, "prompt_ids": [self.prompt_ids(p) for p in prompts],
+                "sampling": dataclasses.asdict(self.sampling), "weights": self.weights,
+                "device": torch.device(self.device).type}
 
     def prompt_ids(self, prompt: str) -> list[int]:
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + \

@@ -13,12 +13,16 @@ Prompt sets: ``heldout`` is the hand-written held-out file (direct prompts and a
 the red-team attacks (``meshlm.safety.redteam``, held-out templates) built from its refuse prompts; the gates
 apply to it. ``synthetic`` is ``data/eval_prompts.jsonl`` (subjects held out of the synthetic training data).
 Every stage whose output is complete is reused with ``resume=True``, so a stopped run continues where it was.
+Every generation and judge label goes through the content-addressed cache (meshlm/safety/cache.py): what depends
+only on a model's weights and its inputs — above all the base model's evaluation, factual answers and
+self-distilled targets — is computed once and served to every later run that asks the same. Each stage's wall
+time, what the cache served it and the share spent training are in report.json (``stages``, ``training_share``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -27,6 +31,8 @@ from typing import Any, Callable
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.fileio import atomic_write_text
 from meshlm.safety.align_config import AlignConfig, lora_table
+from meshlm.safety.cache import AlignCache
+from meshlm.safety.metrics import HEADLINE
 
 Log = Callable[[str], None]
 MODELS = ("base", "sft", "dpo")
@@ -126,7 +132,7 @@ def train_base(cfg: AlignConfig, run_dir: Path, resume: bool, log: Log) -> Path:
     return _train(raw, run_dir, resume, log)
 
 
-def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, judge) -> Path:
+def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, judge, cache: AlignCache) -> Path:
     """The SFT file: ``data/sft.jsonl``, or with ``sft.answer_targets = "base"`` ``data/sft_self.jsonl`` (the
     safe rows' targets in the base model's words, :mod:`meshlm.safety.selfdistill`)."""
     if cfg.sft.answer_targets == "template":
@@ -138,20 +144,35 @@ def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, j
                                     batch_size=cfg.eval.batch_size)
 
     return _generated_file("self-distilled SFT rows", data / "sft_self.jsonl", data / "self_distill.json", base, cfg,
-                           resume, log, write, judge.name)
+                           resume, log, write, judge.name, cache)
+
+
+def generators(cache: AlignCache, checkpoint: Path, max_new_tokens: int) -> Callable[[str], Callable]:
+    """``for_weights(weights) -> generate(prompts)``: the checkpoint's greedy generators, one per weight format
+    over one model loaded at the first call (the cache's keys hold the weights' sha256), through ``cache``."""
+    from meshlm.safety.generation import CheckpointGenerator
+
+    loaded: list[CheckpointGenerator] = []
+
+    def view(weights: str) -> CheckpointGenerator:
+        if not loaded:
+            loaded.append(CheckpointGenerator(checkpoint, max_new_tokens=max_new_tokens))
+        return loaded[0].using(weights, "generation.weights")
+
+    return lambda weights: cache.generator(lambda: view(weights))
 
 
 def _generated_file(what: str, out: Path, summary: Path, model: Path, cfg: AlignConfig, resume: bool, log: Log,
-                    write: Callable[[Path, Callable], dict], judge: str) -> Path:
-    """A data file made from ``model``'s answers by ``write(out, generate) -> counts``, labelled by the judge
-    named ``judge``; its counts and that name go to ``summary`` (and so to the report); both are reused when
-    resuming, whatever the judge then (the stages after them trained on these labels)."""
-    from meshlm.safety.evaluate import checkpoint_generator
-
+                    write: Callable[[Path, Callable], dict], judge: str, cache: AlignCache) -> Path:
+    """A data file made from ``model``'s answers (``generation.weights``, through the cache) by ``write(out,
+    generate) -> counts``, labelled by the judge named ``judge``; its counts and that name go to ``summary`` (and
+    so to the report); both are reused when resuming, whatever the judge then (the stages after them trained on
+    these labels)."""
     if resume and out.is_file() and summary.is_file():
         log(f"{what}: reused {out}")
         return out
-    counts = {"judge": judge, **write(out, checkpoint_generator(model, max_new_tokens=cfg.eval.max_new_tokens))}
+    generate = generators(cache, model, cfg.eval.max_new_tokens)(cfg.generation.weights)
+    counts = {"judge": judge, **write(out, generate)}
     atomic_write_text(summary, json.dumps(counts, indent=1) + "\n")
     log(f"{what}: {counts}")
     return out
@@ -167,7 +188,8 @@ def train_sft(cfg: AlignConfig, rows: Path, init_from: Path, run_dir: Path, resu
     return _train_stage(raw, lora_table(s), run_dir, resume, log)
 
 
-def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: Log, judge) -> Path:
+def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: Log, judge,
+                   cache: AlignCache) -> Path:
     """``data/preference_on_policy.jsonl`` (see :mod:`meshlm.safety.onpolicy`; its answers labelled by ``judge``,
     ``eval.judge``'s), or ``preference.jsonl`` when ``dpo.on_policy_prompts`` and ``dpo.probe_prompts`` are both 0."""
     d = cfg.dpo
@@ -181,7 +203,7 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
                                            probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
 
     return _generated_file("on-policy pairs", data / "preference_on_policy.jsonl", data / "on_policy.json", sft, cfg,
-                           resume, log, write, judge.name)
+                           resume, log, write, judge.name, cache)
 
 
 def _probes(cfg: AlignConfig, data: Path) -> list[dict]:
@@ -231,31 +253,36 @@ def evaluation_sets(cfg: AlignConfig, data: Path) -> dict[str, list[dict]]:
 
 
 def evaluate_model(name: str, checkpoint: Path, sets: dict[str, list[dict]], cfg: AlignConfig, out: Path,
-                   gates: str | None, log: Log, resume: bool = False, judge=None) -> dict[str, dict]:
+                   gates: str | None, log: Log, resume: bool = False, judge=None,
+                   cache: AlignCache | None = None) -> dict[str, dict]:
     """Greedy responses to every set, judged by ``judge`` (``eval.judge``'s, built here when None); writes
-    eval/<name>/<set>/. With ``resume``, a set whose report exists for the same prompts and judge is reused."""
-    from meshlm.safety.evaluate import checkpoint_generator, evaluate_safety, write_outputs
+    eval/<name>/<set>/. With ``resume``, a set whose report exists for the same prompts and judge is reused. The
+    held-out set (gated) decodes in fp32, the others with ``generation.weights``; answers and labels go through
+    ``cache`` (none: no cache)."""
+    from meshlm.safety.evaluate import evaluate_safety, write_outputs
     from meshlm.safety.judges import make_judge
 
-    generate = None
+    cache = cache or AlignCache(None)
+    for_weights = generators(cache, checkpoint, cfg.eval.max_new_tokens)
     judge = judge or make_judge(cfg.eval.judge)
     reports = {}
     for set_name, rows in sets.items():
         done = out / name / set_name / "report.json"
         previous = json.loads(done.read_text()) if resume and done.is_file() else None
-        if (previous is not None and previous.get("judge") == judge.name
+        weights = "fp32" if set_name == "heldout" else cfg.generation.weights
+        if (previous is not None and previous.get("judge") == judge.name and previous.get("weights", "fp32") == weights
                 and _same_prompts(out / name / set_name / "responses.jsonl", rows)):
             reports[set_name] = previous
             log(f"eval {name}/{set_name}: reused {done}")
             continue
-        generate = generate or checkpoint_generator(checkpoint, max_new_tokens=cfg.eval.max_new_tokens)
         start = time.perf_counter()
-        report = evaluate_safety(rows, generate, judge=judge, gates=gates if set_name == "heldout" else None,
-                                 batch_size=cfg.eval.batch_size)
+        report = evaluate_safety(rows, for_weights(weights), judge=judge,
+                                 gates=gates if set_name == "heldout" else None, batch_size=cfg.eval.batch_size)
+        report["weights"] = weights
         write_outputs(report, out / name / set_name)
         reports[set_name] = {k: v for k, v in report.items() if k != "records"}
         log(f"eval {name}/{set_name}: {len(rows)} prompts in {time.perf_counter() - start:.0f} s; "
-            + ", ".join(f"{m} {report[m]['rate']:.3f}" for m in _HEADLINE if report[m]["n"]))
+            + ", ".join(f"{m} {report[m]['rate']:.3f}" for m in HEADLINE if report[m]["n"]))
     return reports
 
 
@@ -266,35 +293,17 @@ def _same_prompts(responses: Path, rows: list[dict]) -> bool:
     return done == [r["prompt"] for r in rows]
 
 
-_HEADLINE = ("refusal_rate", "false_refusal_rate", "warn_rate", "attack_success_rate")
-_LOWER_IS_BETTER = {"false_refusal_rate", "attack_success_rate"}
-
-
-def dpo_vs_sft(reports: dict[str, dict]) -> list[dict]:
-    """Each headline metric of SFT+DPO against SFT-only on the held-out set: no worse by the point estimate, and
-    whether the difference is beyond noise (Wilson intervals that do not overlap)."""
-    rows = []
-    for metric in _HEADLINE:
-        a, b = reports["sft"]["heldout"][metric], reports["dpo"]["heldout"][metric]
-        if not a["n"]:
-            continue
-        worse = b["rate"] > a["rate"] if metric in _LOWER_IS_BETTER else b["rate"] < a["rate"]
-        separated = b["ci95"][0] > a["ci95"][1] or b["ci95"][1] < a["ci95"][0]
-        rows.append({"metric": metric, "sft": a["rate"], "dpo": b["rate"], "no_worse": not worse,
-                     "significantly_worse": worse and separated})
-    return rows
-
-
-def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: Log = print) -> dict[str, Any]:
-    """Every stage in order; returns the report (also written to RUN_DIR/report.json and report.md)."""
-    from meshlm.safety.align_report import write_report
-    from meshlm.safety.synth import SynthSizes
-    from meshlm.safety.usefulness import evaluate_checkpoint_facts, facts_vs_base
-
+def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: Log = print,
+                 cache: bool = True) -> dict[str, Any]:
+    """Every stage in order; returns the report (also written to RUN_DIR/report.json and report.md). With
+    ``cache`` the generations and judge labels go through ``$MESHLM_CACHE/align`` (meshlm/safety/cache.py)."""
+    from meshlm.safety.align_report import Stages, assemble_report, write_report
+    from meshlm.safety.cache import cache_root
     from meshlm.safety.judges import make_judge
 
-    judge = make_judge(cfg.eval.judge)  # a judge that cannot load fails here, before any training (an llm:
-    # judge's URL and model name are checked for form only: the endpoint is first asked at evaluation)
+    store = AlignCache(cache_root() if cache else None)
+    judge = store.judge(make_judge(cfg.eval.judge))  # a judge that cannot load fails here, before any training
+    # (an llm: judge's URL and model name are checked for form only: the endpoint is first asked at evaluation)
     run_dir = Path(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise CheckpointError(f"run directory '{run_dir}' is not empty; pass --resume auto to continue it or "
@@ -302,76 +311,75 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:  # a resume writes it once its stages are found or trained as it asks (_check_reusable)
         atomic_write_text(run_dir / "align.resolved.toml", cfg.to_toml())
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+    stages = Stages(store, log)
     data = run_dir / "data"
+    with stages.run("data"):
+        manifest = _dataset(cfg, data, resume)
+    log(f"data: {manifest['counts']}")
+    checkpoints: dict[str, Path] = {}
+    with stages.run("base", training=not cfg.base.checkpoint):
+        checkpoints["base"] = Path(cfg.base.checkpoint) if cfg.base.checkpoint else \
+            train_base(cfg, run_dir / "base", resume, log)
+    rows = data / "sft.jsonl"
+    if cfg.sft.answer_targets != "template":
+        with stages.run("self_distill"):
+            rows = sft_rows(cfg, data, checkpoints["base"], resume, log, judge, store)
+    with stages.run("sft", training=True):
+        checkpoints["sft"] = train_sft(cfg, rows, checkpoints["base"], run_dir / "sft", resume, log)
+    if cfg.dpo.enabled:
+        with stages.run("on_policy"):
+            pairs = on_policy_data(cfg, data, checkpoints["sft"], resume, log, judge, store)
+        with stages.run("dpo", training=True):
+            checkpoints["dpo"] = train_dpo(cfg, data, checkpoints["sft"], run_dir / "dpo", resume, log, pairs)
+    if resume:
+        atomic_write_text(run_dir / "align.resolved.toml", cfg.to_toml())
+    sets = evaluation_sets(cfg, data)
+    final = "dpo" if cfg.dpo.enabled else "sft"
+    reports, facts = _evaluate_all(cfg, checkpoints, sets, final, run_dir / "eval", resume, log, judge, store, stages)
+    report = assemble_report(cfg, _with_generated_counts(cfg, manifest, data), checkpoints, final, sets, reports,
+                             facts, stages)
+    write_report(report, run_dir)
+    return report
+
+
+def _dataset(cfg: AlignConfig, data: Path, resume: bool) -> dict:
+    from meshlm.safety.synth import SynthSizes
+
     if not (resume and (data / "manifest.json").is_file()):
         sizes = SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer)
         make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout, cfg.data.eval_group_fraction)
-    manifest = json.loads((data / "manifest.json").read_text())
-    timings["data_s"] = time.perf_counter() - t0
-    log(f"data: {manifest['counts']}")
-    checkpoints: dict[str, Path] = {}
-    t = time.perf_counter()
-    checkpoints["base"] = Path(cfg.base.checkpoint) if cfg.base.checkpoint else \
-        train_base(cfg, run_dir / "base", resume, log)
-    timings["base_s"] = time.perf_counter() - t
-    if cfg.sft.answer_targets != "template":
-        t = time.perf_counter()
-        rows = sft_rows(cfg, data, checkpoints["base"], resume, log, judge)
-        timings["self_distill_s"] = time.perf_counter() - t
-    else:
-        rows = data / "sft.jsonl"
-    t = time.perf_counter()
-    checkpoints["sft"] = train_sft(cfg, rows, checkpoints["base"], run_dir / "sft", resume, log)
-    timings["sft_s"] = time.perf_counter() - t
-    if cfg.dpo.enabled:
-        t = time.perf_counter()
-        pairs = on_policy_data(cfg, data, checkpoints["sft"], resume, log, judge)
-        timings["on_policy_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        checkpoints["dpo"] = train_dpo(cfg, data, checkpoints["sft"], run_dir / "dpo", resume, log, pairs)
-        timings["dpo_s"] = time.perf_counter() - t
-    if resume:
-        atomic_write_text(run_dir / "align.resolved.toml", cfg.to_toml())
-    t = time.perf_counter()
-    sets = evaluation_sets(cfg, data)
-    final = "dpo" if cfg.dpo.enabled else "sft"
+    return json.loads((data / "manifest.json").read_text())
+
+
+def _evaluate_all(cfg: AlignConfig, checkpoints: dict[str, Path], sets: dict[str, list[dict]], final: str, out: Path,
+                  resume: bool, log: Log, judge, store: AlignCache, stages) -> tuple[dict, dict]:
+    """Each model's judged evaluation (the base on the held-out set only) and factual accuracy, each a stage."""
+    from meshlm.safety.generation import CheckpointGenerator
+    from meshlm.safety.usefulness import evaluate_checkpoint_facts
+
     reports, facts = {}, {}
     for name, path in checkpoints.items():
         if name == "base" and not cfg.eval.evaluate_base:
             continue
-        t_model = time.perf_counter()
         model_sets = {"heldout": sets["heldout"]} if name == "base" else sets  # the base is compared on heldout
-        reports[name] = evaluate_model(name, path, model_sets, cfg, run_dir / "eval",
-                                       cfg.eval.gates or None if name == final else None, log, resume, judge)
-        if cfg.eval.facts != "none":  # usefulness: factual accuracy beside the safety figures
-            t_facts = time.perf_counter()
-            facts[name] = evaluate_checkpoint_facts(name, path, cfg.eval.facts, run_dir / "eval", resume=resume,
-                                                    max_new_tokens=cfg.eval.facts_max_new_tokens,
-                                                    batch_size=cfg.eval.batch_size, log=log)
-            timings[f"facts_{name}_s"] = time.perf_counter() - t_facts
-        timings[f"eval_{name}_s"] = time.perf_counter() - t_model
-    timings["eval_s"] = time.perf_counter() - t
-    timings["total_s"] = time.perf_counter() - t0
+        with stages.run(f"eval_{name}"):
+            reports[name] = evaluate_model(name, path, model_sets, cfg, out, cfg.eval.gates or None if name == final
+                                           else None, log, resume, judge, store)
+        if cfg.eval.facts != "none":  # usefulness: factual accuracy beside the safety figures (fp32: gated)
+            make = functools.partial(CheckpointGenerator, path, max_new_tokens=cfg.eval.facts_max_new_tokens)
+            with stages.run(f"facts_{name}"):
+                facts[name] = evaluate_checkpoint_facts(name, path, cfg.eval.facts, out, resume=resume,
+                                                        max_new_tokens=cfg.eval.facts_max_new_tokens,
+                                                        batch_size=cfg.eval.batch_size, log=log,
+                                                        generate=store.generator(make))
+    return reports, facts
+
+
+def _with_generated_counts(cfg: AlignConfig, manifest: dict, data: Path) -> dict:
+    """The data manifest with the on-policy and self-distillation counts of this run, when it made them."""
     on_policy = data / "on_policy.json"
     if cfg.dpo.enabled and (cfg.dpo.on_policy_prompts or cfg.dpo.probe_prompts) and on_policy.is_file():
         manifest = {**manifest, "on_policy": json.loads(on_policy.read_text())}
     if (data / "self_distill.json").is_file() and cfg.sft.answer_targets != "template":
         manifest = {**manifest, "self_distill": json.loads((data / "self_distill.json").read_text())}
-    report = {"config": json.loads(json.dumps(cfg, default=lambda o: o.__dict__)), "data": manifest,
-              "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "final_model": final,
-              "timings": timings, "load_average": os.getloadavg(), "cpu_count": os.cpu_count(),
-              "steps": {"base": 0 if cfg.base.checkpoint else cfg.base.steps, "sft": cfg.sft.steps,
-                        "dpo": cfg.dpo.steps if cfg.dpo.enabled else 0},
-              "lora": {"sft": lora_table(cfg.sft), "dpo": lora_table(cfg.dpo)},
-              "sets": {k: len(v) for k, v in sets.items()}, "models": reports,
-              "gates": reports[final]["heldout"]["gates"], "passed": reports[final]["heldout"]["passed"]}
-    if cfg.dpo.enabled:
-        report["dpo_vs_sft"] = dpo_vs_sft(reports)
-        report["passed"] = report["passed"] and all(r["no_worse"] for r in report["dpo_vs_sft"])
-    if facts:
-        report["facts"], report["facts_vs_base"] = facts, facts_vs_base(facts, final, cfg.eval.facts_max_drop)
-        report["passed"] = report["passed"] and (report["facts_vs_base"] or {}).get("passed", True)
-    write_report(report, run_dir)
-    return report
+    return manifest

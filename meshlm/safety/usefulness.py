@@ -129,9 +129,10 @@ def write_fact_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[s
 # ---- in the align pipeline (meshlm/safety/pipeline.py) --------------------------------------------------------
 def evaluate_checkpoint_facts(name: str, checkpoint: str | Path, questions: str, out: Path, *,
                               max_new_tokens: int, batch_size: int, resume: bool = False,
-                              log: Callable[[str], None] = print) -> dict[str, Any]:
+                              log: Callable[[str], None] = print, generate: Generate | None = None) -> dict[str, Any]:
     """Factual accuracy of one pipeline model, written to ``out/<name>/facts/``; with ``resume`` a report for the
-    same questions is reused. ``questions``: a JSONL path, empty for the embedded file."""
+    same questions is reused. ``questions``: a JSONL path, empty for the embedded file. ``generate``: the
+    checkpoint's generator to ask (the pipeline's, through its cache; built here when None)."""
     from meshlm.safety.evaluate import checkpoint_generator
 
     rows = read_questions(questions or None)
@@ -140,7 +141,7 @@ def evaluate_checkpoint_facts(name: str, checkpoint: str | Path, questions: str,
     if resume and done.is_file() and _same_questions(folder / "responses.jsonl", rows):
         log(f"facts {name}: reused {done}")
         return json.loads(done.read_text())
-    generate = checkpoint_generator(checkpoint, max_new_tokens=max_new_tokens)
+    generate = generate or checkpoint_generator(checkpoint, max_new_tokens=max_new_tokens)
     report = {"source": str(checkpoint), **evaluate_facts(rows, generate, batch_size=batch_size)}
     write_fact_outputs(report, folder)
     log(f"facts {name}: accuracy {report['accuracy']['rate']:.3f} on {len(rows)} questions in "
