@@ -103,3 +103,30 @@ def test_probe_pairs_are_counted_apart_from_training_prompt_pairs(tmp_path: Path
     assert sum(bool(r.get("probe")) for r in written) == 1 and len(written) == 3
     assert not [r for r in written if (r["chosen_label"], r["rejected_label"]) == ("answer", "refuse")
                 and r.get("on_policy")]
+
+
+def test_the_draw_goes_to_the_strata_where_the_model_errs():
+    """A model that refuses everything: refuse prompts make no pair, warn and contrast prompts make one each. The
+    uniform pilot finds that, and the rest of the budget goes to the strata that yield pairs."""
+    import random
+
+    from meshlm.safety.onpolicy import sample_prompts
+
+    def rows(policy: str, category: str, n: int) -> list[dict]:
+        return [{"messages": [{"role": "user", "content": f"{category} question {i}?"},
+                              {"role": "assistant", "content": "spec response"}],
+                 "category": category, "policy": policy, "family": "direct"} for i in range(n)]
+
+    sft = rows("refuse", "weapons", 60) + rows("warn", "medical", 20) + rows("answer", "contrast", 20)
+    refuses = _fixed({r["messages"][0]["content"]: REFUSAL for r in sft})
+    pairs, draw = sample_prompts(sft, 40, refuses, RuleJudge().label, random.Random(0), batch_size=16)
+    assert draw["pilot_prompts"] == 10 and draw["weighted_prompts"] == 30
+    assert len(pairs) == draw["pilot_pairs_kept"] + draw["weighted_pairs_kept"]
+    assert {p["chosen_label"] for p in pairs} == {"warn", "answer"}  # refusals of refuse prompts: no pair
+    # a uniform draw of 30 would take ~18 refuse prompts (60%); the weighted one takes few
+    assert draw["weighted_pairs_kept"] >= 0.8 * draw["weighted_prompts"], draw
+    assert sum(draw["asked_by_policy"].values()) == 40
+    # excluded label pairs count as no yield: with warn>refuse excluded, the warn stratum is drawn less
+    _, without_warn = sample_prompts(sft, 40, refuses, RuleJudge().label, random.Random(0), batch_size=16,
+                                     exclude=("warn>refuse",))
+    assert without_warn["asked_by_policy"]["warn"] < draw["asked_by_policy"]["warn"]

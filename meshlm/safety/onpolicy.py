@@ -6,6 +6,15 @@ produces, so their pairs saturate at once and the pairs that do move the model a
 answered on a training prompt (when the rule judge gives it another label than the policy) puts the pressure
 where the model errs, in both directions: a refusal over its own compliance on a harmful prompt, an answer over
 its own needless refusal on a safe one. Only training prompts are used, so the split stays leak-free.
+
+Which training prompts are asked: most of them make no pair (a fine-tuned model rarely errs on the prompts it was
+tuned on; on refuse prompts almost never), so a uniform draw spends its generation on prompts that cannot teach.
+The draw is in two steps (:func:`sample_prompts`): a uniform pilot of a quarter of the budget, answered and
+judged; then the rest of the budget drawn without replacement with each row weighted by its stratum's pilot
+yield — the share of the pilot's rows of the same policy and category that made a pair DPO keeps (not in
+``exclude``), shrunk toward the pilot's overall yield by one pseudo-row. The strata where the SFT model errs (a
+contrast or answer category it refuses, a warn category it answers without the referral) are asked most; refuse
+categories, where it almost never errs, least — never none, as a stratum the pilot missed keeps the overall yield.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from meshlm.safety.spec import Spec
 
 Generate = Callable[[list[str]], list[str]]
 Label = Callable[[list[str], list[str]], list[str]]
+PILOT_SHARE = 0.25  # of the on-policy budget, drawn uniformly to measure each stratum's yield
 
 
 def on_policy_pairs(sft_rows: list[dict], generate: Generate, label: Label, *, batch_size: int = 48) -> list[dict]:
@@ -87,26 +97,66 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
     written. Returns counts for the report."""
     rng = random.Random(f"on-policy:{seed}")
     sft = _rows(data / "sft.jsonl")
-    sampled = rng.sample(sft, min(prompts, len(sft)))
-    pairs = on_policy_pairs(sampled, generate, label, batch_size=batch_size) if sampled else []
+    pairs, draw = sample_prompts(sft, prompts, generate, label, rng, batch_size=batch_size, exclude=exclude)
     probe_pairs = on_policy_pairs(list(probes), generate, label, batch_size=batch_size) if probes else []
     for p in probe_pairs:
         p["probe"] = True
     found = _by_labels(pairs)
-    pairs = [p for p in pairs if f"{p['chosen_label']}>{p['rejected_label']}" not in exclude]
+    pairs = [p for p in pairs if _label_pair(p) not in exclude]
     pref = _rows(data / "preference.jsonl")
     mixed = pairs + probe_pairs + rng.sample(pref, min(offline, len(pref)))
     rng.shuffle(mixed)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in mixed))
-    return {"prompts": min(prompts, len(sft)), "on_policy_pairs": len(pairs), "on_policy_by_labels": found,
+    return {"prompts": min(prompts, len(sft)), "draw": draw, "on_policy_pairs": len(pairs),
+            "on_policy_by_labels": found,
             "excluded": sorted(exclude),
             "probe_prompts": len(probes), "probe_pairs": len(probe_pairs),
             "probe_by_family": _by(probe_pairs, lambda p: p["family"]),
             "offline_pairs": len(mixed) - len(pairs) - len(probe_pairs)}
 
 
+def _stratum(policy: str, category: str) -> str:
+    return f"{policy}/{category}"
+
+
+def sample_prompts(sft: list[dict], prompts: int, generate: Generate, label: Label, rng: random.Random, *,
+                   batch_size: int, exclude: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
+    """On-policy pairs of ``prompts`` training rows drawn as the module docstring says (all rows when the budget
+    covers them); returns (pairs, the draw's counts: prompts and kept pairs of the pilot and of the weighted
+    draw, and the prompts asked per policy)."""
+    n = min(prompts, len(sft))
+    if n == len(sft):
+        picked = rng.sample(sft, n)
+        pairs = on_policy_pairs(picked, generate, label, batch_size=batch_size) if picked else []
+        return pairs, {"rule": "all", "asked_by_policy": _by(picked, lambda r: r["policy"])}
+    order = rng.sample(range(len(sft)), len(sft))
+    n_pilot = max(1, round(n * PILOT_SHARE))
+    pilot = [sft[i] for i in order[:n_pilot]]
+    pilot_pairs = on_policy_pairs(pilot, generate, label, batch_size=batch_size)
+    kept = _by([p for p in pilot_pairs if _label_pair(p) not in exclude],
+               lambda p: _stratum(p["chosen_label"], p["category"]))
+    asked = _by(pilot, lambda r: _stratum(r["policy"], r["category"]))
+    overall = sum(kept.values()) / len(pilot)
+    weight = {s: (kept.get(s, 0) + overall) / (k + 1) for s, k in asked.items()}  # one pseudo-row at `overall`
+    pool = order[n_pilot:]
+    # Weighted sampling without replacement (Efraimidis-Spirakis): the n - n_pilot largest u ** (1 / w).
+    keys = [rng.random() ** (1 / max(weight.get(_stratum(sft[i]["policy"], sft[i]["category"]), overall), 1e-9))
+            for i in pool]
+    chosen = [pool[j] for j in sorted(range(len(pool)), key=keys.__getitem__, reverse=True)[:n - n_pilot]]
+    rest = [sft[i] for i in sorted(chosen)]
+    rest_pairs = on_policy_pairs(rest, generate, label, batch_size=batch_size)
+    return pilot_pairs + rest_pairs, {
+        "rule": "pilot+yield-weighted", "pilot_prompts": len(pilot), "pilot_pairs_kept": sum(kept.values()),
+        "weighted_prompts": len(rest), "weighted_pairs_kept": sum(_label_pair(p) not in exclude for p in rest_pairs),
+        "asked_by_policy": _by(pilot + rest, lambda r: r["policy"])}
+
+
+def _label_pair(pair: dict) -> str:
+    return f"{pair['chosen_label']}>{pair['rejected_label']}"
+
+
 def _by_labels(pairs: list[dict]) -> dict[str, int]:
-    return _by(pairs, lambda p: f"{p['chosen_label']}>{p['rejected_label']}")
+    return _by(pairs, _label_pair)
 
 
 def _by(pairs: list[dict], key: Callable[[dict], str]) -> dict[str, int]:
