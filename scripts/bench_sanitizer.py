@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from meshlm.serve.sanitize import PII_TYPES, find_pii, sanitize  # noqa: E402
 
 STRUCTURED = ("EMAIL", "PHONE", "CREDIT_CARD", "IBAN", "IP_ADDRESS", "US_SSN", "API_KEY", "DATE_OF_BIRTH",
-              "ACCOUNT_NUMBER", "PASSPORT", "DRIVER_LICENSE", "TAX_ID")
+              "ACCOUNT_NUMBER", "PASSPORT", "DRIVER_LICENSE", "TAX_ID", "NATIONAL_ID", "CVV")
 TARGETS = {t: 0.99 for t in STRUCTURED} | {"PERSON": 0.90, "STREET_ADDRESS": 0.90}
 
 

@@ -173,10 +173,12 @@ def test_labelled_set_meets_the_recall_targets(path, lookalike_misses):
             continue
         # pii_labelled's two misses (docs/audit.md) are an SSN after "...", a vanity phone number with letters.
         target = 0.90 if t in ("PERSON", "STREET_ADDRESS") or path == LABELLED_SET else 0.99
-        assert (total >= 5 or t == "PERSON") and hits / total >= target, (t, hits, total)
+        assert (total >= 5 or t in ("PERSON", "CVV")) and hits / total >= target, (t, hits, total)
 
 
-@pytest.mark.parametrize("unit", ["sk-", "1.", "a.b@", "A-", "Aa ", "born ", "ssn 1-", "AB-1 "])
+@pytest.mark.parametrize("unit", ["sk-", "1.", "a.b@", "A-", "Aa ", "born ", "ssn 1-", "AB-1 ", "%41", "\u200b1",
+                                  "insert into t values (", "a,ssn\n", "ssn 123456789 and ", "QUFB", "1 ",
+                                  "create table t (ssn, ", "insert into t values ('1', "])
 def test_adversarial_input_takes_linear_time(unit):
     """Repeated fragments that made unbounded patterns quadratic (90 KB of "sk-" took 77 s) now take well under a
     second per 20 KB; the bound is loose so that a loaded CI machine passes and a quadratic pattern does not."""

@@ -33,7 +33,7 @@ def emails(text: str) -> Iterator[Span]:
 
 # ----------------------------------------------------------------------------------------------- credit card
 _CARD_WORD = re.compile(r"\b(?:card|visa|mastercard|amex|discover|jcb|maestro|credit|debit|cc)\b", re.I)
-_CARD = re.compile(r"(?<![\w.-])\d(?:[ -]?\d){12,18}(?![\w-]|\.\d)")
+_CARD = re.compile(r"(?<![\w.-])\d(?:[ .-]?\d){12,18}(?![\w-]|\.\d)")
 
 
 def luhn_ok(digits: str) -> bool:
@@ -55,8 +55,8 @@ def _card_issuer_ok(digits: str) -> bool:
 def credit_cards(text: str) -> Iterator[Span]:
     for m in _CARD.finditer(text):
         raw = m.group()
-        groups = re.split(r"[ -]", raw)
-        if len(groups) > 1 and len(set(re.findall(r"[ -]", raw))) > 1:
+        groups = re.split(r"[ .-]", raw)
+        if len(groups) > 1 and len(set(re.findall(r"[ .-]", raw))) > 1:
             continue  # mixed separators: not how card numbers are written
         digits = "".join(groups)
         if identifier_before(text, m.start()) and not _CARD_WORD.search(text[max(0, m.start() - 40):m.start()]):
@@ -137,8 +137,25 @@ def ip_addresses(text: str) -> Iterator[Span]:
 
 # ----------------------------------------------------------------------------------------------------- US SSN
 _SSN = re.compile(r"(?<![\w-])(\d{3})([- ]?)(\d{2})\2(\d{4})(?![\w-])")
-_SSN_CONTEXT = re.compile(r"\b(?:ssn|ss#|social\s+security(?:\s+(?:number|no\.?|#))?|taxpayer|tin)\b[^\n]{0,24}$",
+# \Z, not $: "$" also matches before a final newline, and a header "ssn,total\n" would label the next row.
+_SSN_CONTEXT = re.compile(r"\b(?:ssn|ss#|social\s+security(?:\s+(?:number|no\.?|#))?|taxpayer|tin)\b(?P<gap>[^\n]{0,24})\Z",
                           re.I)
+
+
+def list_closed(gap: str) -> bool:
+    """"ssn, total) VALUES (…": the words after a label close a list it sat in, then go on — a column list, whose
+    values the table recognizer pairs up; the label does not speak for the next number."""
+    depth = 0
+    for i, ch in enumerate(gap):
+        depth += (ch in "([") - (ch in ")]")
+        if depth < 0:
+            return re.match(r"\s*[A-Za-z]", gap[i + 1:]) is not None
+    return False
+
+
+def _said_ssn(text: str, start: int, reach: int) -> bool:
+    m = _SSN_CONTEXT.search(text[max(0, start - reach):start])
+    return m is not None and not list_closed(m.group("gap"))
 
 
 def ssn_ok(area: str, group: str, serial: str) -> bool:
@@ -152,11 +169,11 @@ def us_ssns(text: str) -> Iterator[Span]:
         area, sep, group, serial = m.groups()
         if not ssn_ok(area, group, serial):
             continue
-        said_ssn = bool(_SSN_CONTEXT.search(text[max(0, m.start() - 40):m.start()]))
+        said_ssn = _said_ssn(text, m.start(), 40)
         if not sep and not said_ssn:
             continue  # nine bare digits are an SSN only when the text says so
-        if not said_ssn and identifier_before(text, m.start()):
-            continue  # "order #123-45-6789"
+        if identifier_before(text, m.start()) and not _said_ssn(text, m.start(), 12):
+            continue  # "order #123-45-6789", "ssn 987654321 and order 123456789"
         yield m.start(), m.end(), "US_SSN"
 
 
@@ -173,7 +190,7 @@ _PHONE_NATIONAL = re.compile(  # 020 7946 0958, 07700 900123, 06 12 34 56 78, (0
 _PHONE_BARE = re.compile(  # 4155552671, 555-0143: only after a phone word
     r"(?<![\w+.-])(?:\+?\d{7,13}|\d{3}[-. ]\d{4})(?![\w-]|\.\d)")
 _PHONE_CONTEXT = re.compile(r"\b(?:phone|tel|telephone|mobile|cell|cellphone|fax|call|text|sms|whatsapp|"
-                            r"reach\s+(?:me|us)|ring|contact|number|no\.|ph)\b[^\n\d]{0,20}$", re.I)
+                            r"reach\s+(?:me|us)|ring|contact|number|no\.|ph)\b[^\n\d]{0,20}\Z", re.I)
 _IDENTIFIER_CONTEXT = re.compile(r"(?:#|\b(?:order|invoice|ticket|tracking|ref(?:erence)?|case|po|sku|"
                                 r"serial|account|acct|isbn|id|model|part|batch|lot|build|version|v)\b)"
                                 r"(?:\s*(?:number|no\.?|num|id)\b)?[^\n\d\w]{0,4}(?:is\s+|was\s+|:\s*)?$", re.I)
@@ -204,5 +221,7 @@ def phones(text: str) -> Iterator[Span]:
                 continue  # "order #415-555-2671", "ticket 020 7946 0958": identifiers, not phones
             yield m.start(), m.end(), "PHONE"
     for m in _PHONE_BARE.finditer(text):
+        if identifier_before(text, m.start()):
+            continue  # "order number 123456789": "number" is the order's
         if _PHONE_CONTEXT.search(text[max(0, m.start() - 32):m.start()]) and _phone_digits_ok(m.group(), 7, 13):
             yield m.start(), m.end(), "PHONE"

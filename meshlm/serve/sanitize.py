@@ -14,19 +14,22 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from meshlm.serve.recognizers import credit_cards, emails, ibans, ip_addresses, phones, us_ssns
+from meshlm.serve.recognizers_encoded import encoded_tokens, normalized
 from meshlm.serve.recognizers_keys import api_keys, dates_of_birth
-from meshlm.serve.recognizers_labelled import labelled_identifiers
+from meshlm.serve.recognizers_labelled import labelled_identifiers, words_of
+from meshlm.serve.recognizers_tables import table_identifiers
 from meshlm.serve.recognizers_people import people, street_addresses
 
 PII_TYPES = ("EMAIL", "PHONE", "CREDIT_CARD", "IBAN", "IP_ADDRESS", "US_SSN", "API_KEY", "PERSON",
-             "STREET_ADDRESS", "DATE_OF_BIRTH", "ACCOUNT_NUMBER", "PASSPORT", "DRIVER_LICENSE", "TAX_ID")
+             "STREET_ADDRESS", "DATE_OF_BIRTH", "ACCOUNT_NUMBER", "PASSPORT", "DRIVER_LICENSE", "TAX_ID",
+             "NATIONAL_ID", "CVV")
 # Higher wins an overlap: validated and prefix-anchored types first, context-guessed ones last.
 _PRIORITY = {"API_KEY": 10, "EMAIL": 9, "CREDIT_CARD": 8, "IBAN": 8, "US_SSN": 7, "DATE_OF_BIRTH": 7,
              "IP_ADDRESS": 6, "STREET_ADDRESS": 5, "PHONE": 4, "PERSON": 3,
-             "ACCOUNT_NUMBER": 7, "PASSPORT": 7, "DRIVER_LICENSE": 7, "TAX_ID": 7}
+             "ACCOUNT_NUMBER": 7, "PASSPORT": 7, "DRIVER_LICENSE": 7, "TAX_ID": 7, "NATIONAL_ID": 7, "CVV": 7}
 RECOGNIZERS: tuple[Callable[[str], Iterable[tuple[int, int, str]]], ...] = (
     api_keys, emails, credit_cards, ibans, us_ssns, dates_of_birth, ip_addresses, street_addresses, phones, people,
-    labelled_identifiers)
+    labelled_identifiers, table_identifiers)
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,22 @@ class Finding:
 
 
 def find_pii(text: str) -> list[Finding]:
-    """Non-overlapping findings in ``text``, sorted by position."""
-    return _resolve(Finding(s, e, t) for recognize in RECOGNIZERS for s, e, t in recognize(text) if e > s)
+    """Non-overlapping findings in ``text``, sorted by position: in the text as written, in its normalized
+    reading (escapes decoded, invisible characters dropped, fullwidth digits folded), and inside base64 tokens."""
+    found = _candidates(text)
+    reading = normalized(text)
+    if reading is not None:
+        folded, starts, ends = reading
+        found += [Finding(starts[f.start], ends[f.end - 1], f.type) for f in _candidates(folded)]
+    for start, end, decoded in encoded_tokens(text):
+        inner = find_pii(decoded)
+        if inner:  # the whole token goes: its decoded text holds personal data
+            found.append(Finding(start, end, max(inner, key=lambda f: _PRIORITY[f.type]).type))
+    return _resolve(found)
+
+
+def _candidates(text: str) -> list[Finding]:
+    return [Finding(s, e, t) for recognize in RECOGNIZERS for s, e, t in recognize(text) if e > s]
 
 
 def _resolve(candidates: Iterable[Finding]) -> list[Finding]:
@@ -72,17 +89,9 @@ _FIELD_WORDS = re.compile(
 
 
 @functools.lru_cache(maxsize=4096)
-def field_words(field: str) -> str:
-    """``"customerSSN"`` -> ``"customer SSN"``, ``"card_number"`` -> ``"card number"``: a field name as words."""
-    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=\d)|[^A-Za-z0-9]+", " ",
-                    field[:80])
-    return " ".join(spaced.split())
-
-
-@functools.lru_cache(maxsize=4096)
 def field_is_label(field: str | None) -> bool:
     """Does the field's name say its value is personal ("ssn", "cardNumber", "billing_email", "dob")?"""
-    return field is not None and any(_FIELD_WORDS.fullmatch(w.lower()) for w in field_words(field).split())
+    return field is not None and any(_FIELD_WORDS.fullmatch(w.lower()) for w in words_of(field).split())
 
 
 def sanitize_field(field: str | None, text: str) -> str:
@@ -91,7 +100,7 @@ def sanitize_field(field: str | None, text: str) -> str:
     on its own, so the field never hides what the value alone shows."""
     if not text or not field_is_label(field):
         return sanitize(text)
-    prefix = field_words(field) + ": "
+    prefix = words_of(field) + ": "
     labelled = [Finding(max(f.start, len(prefix)) - len(prefix), f.end - len(prefix), f.type)
                 for f in find_pii(prefix + text) if f.end > len(prefix)]
     return "".join(_pieces(text, _resolve([*find_pii(text), *labelled])))
