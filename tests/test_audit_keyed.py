@@ -220,3 +220,15 @@ def test_cli_keygen_verify_and_rotate(tmp_path, capfd, monkeypatch):
     code, _, err = run_cli(capfd, "audit", "rotate-key", str(tmp_path / "missing.db"), "--new-key-file",
                            str(new_file))
     assert code == 2 and "does not exist" in err and not (tmp_path / "missing.db").exists()
+
+
+def test_serve_reads_the_audit_key_before_anything_else(tmp_path, capfd, monkeypatch):
+    """`meshlm serve --audit-key-file` (or $MESHLM_AUDIT_KEY) is checked before the registry is opened."""
+    monkeypatch.delenv("MESHLM_AUDIT_KEY_FILE", raising=False)
+    (tmp_path / "short.key").write_text("short\n")
+    code, _, err = run_cli(capfd, "serve", "--registry", str(tmp_path / "none.sqlite"), "--model", "x:v1",
+                           "--audit-key-file", str(tmp_path / "short.key"))
+    assert code == 2 and "--audit-key-file" in err and "at least 32" in err and "Traceback" not in err
+    monkeypatch.setenv("MESHLM_AUDIT_KEY", "too short")
+    code, _, err = run_cli(capfd, "serve", "--registry", str(tmp_path / "none.sqlite"), "--model", "x:v1")
+    assert code == 2 and "$MESHLM_AUDIT_KEY" in err and not (tmp_path / "none.sqlite").exists()

@@ -20,6 +20,8 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--port-file", help="write {host, port, url, pid} as JSON here once the server accepts "
                                        "connections (for --port 0)")
     p.add_argument("--audit", help="the audit log (default: audit.sqlite beside the registry)")
+    p.add_argument("--audit-key-file", help="a file holding the audit key: the log's chain is keyed (hmac-sha256; "
+                                            "default $MESHLM_AUDIT_KEY_FILE or $MESHLM_AUDIT_KEY; docs/audit.md)")
     p.add_argument("--admin-token-file", help="a file holding the admin bearer token (without it the admin API "
                                               "refuses every call)")
     p.add_argument("--force", action="store_true", help="serve a version whose safety gates have not passed "
@@ -74,10 +76,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port {args.port}: use 0..65535 (0 picks a free port)")
     audit = args.audit or str(Path(args.registry).resolve().parent / "audit.sqlite")
+    from meshlm.serve.audit_keys import key_from_env, read_key_file
+
+    audit_key = read_key_file(args.audit_key_file, "--audit-key-file") if args.audit_key_file else key_from_env()
     options = ServeOptions(registry=args.registry, models=args.model, host=args.host, port=args.port,
                            port_file=args.port_file, audit=audit, admin_token=read_token(args.admin_token_file),
                            force=args.force, device=args.device, max_batch=args.max_batch,
                            max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap, weights=args.weights,
-                           drain_timeout=args.drain_timeout)
+                           drain_timeout=args.drain_timeout, audit_key=audit_key)
     serve(options)
     return 0

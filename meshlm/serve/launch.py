@@ -45,6 +45,7 @@ class ServeOptions:
     max_tokens_cap: int = 1024
     weights: str = "fp32"  # the decode path's weight format (meshlm/generate/int8.py)
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
+    audit_key: bytes | None = None  # keys the audit chain (hmac-sha256; meshlm/serve/audit_keys.py)
 
 
 def make_loader(opts: ServeOptions, registry=None):
@@ -158,7 +159,7 @@ async def _serve(opts: ServeOptions) -> None:
     if blocked and not opts.force:
         raise ConfigError(", ".join(f"{e.ref} (gates: {e.gate_status})" for e in blocked) +
                           ": no passing safety report; register one with --report, or pass --force (audited)")
-    audit = AuditLog(opts.audit)
+    audit = AuditLog(opts.audit, key=opts.audit_key)
     router = Router(registry, make_loader(opts, registry), registry.secret("user_hash_key"))
     try:
         for entry in entries:
