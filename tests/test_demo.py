@@ -87,46 +87,37 @@ TINY = ["data.refuse=12", "data.warn=10", "data.answer=12", "model.seq_len=64", 
         "eval.max_new_tokens=4", "eval.batch_size=16", 'eval.facts="none"']
 
 
-@pytest.fixture(scope="module")
-def tiny_demo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    held = root / "heldout.jsonl"
+def test_tiny_demo_runs_every_stage_serves_the_registered_model_and_audits_the_request(tmp_path):
+    from meshlm.serve.audit_verify import export, verify
+    from meshlm.serve.registry import Registry
+
+    held = tmp_path / "heldout.jsonl"
     held.write_text("".join(json.dumps({"prompt": p, "expected": e, "category": c, "family": "direct"}) + "\n"
                             for p, e, c in HELDOUT))
     overrides = [a for o in [*TINY, f'eval.heldout="{held}"'] for a in ("--set", o)]
+    run = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:
-        main(["demo", "--run-dir", str(root / "run"), *overrides])
-    return root / "run", exc.value.code
-
-
-def test_tiny_demo_runs_every_stage_and_reports_them(tiny_demo):
-    run, code = tiny_demo
+        main(["demo", "--run-dir", str(run), *overrides])
     doc = json.loads((run / "demo.json").read_text())
-    assert code == 0 and doc["exit_code"] == 0
+    assert exc.value.code == 0 and doc["exit_code"] == 0
     assert list(doc["stage_s"]) == ["align", "safety", "registry", "serve", "audit", "plots"]
     request = doc["serve"]["request"]
     assert request["version"] == "demo:v1" and isinstance(request["answer"], str)
     assert 0 < request["completion_tokens"] <= stages.MAX_TOKENS and request["prompt_tokens"] > 0
     assert doc["serve"]["exit_code"] == 0 and doc["serve"]["url"].startswith("http://127.0.0.1:")
-    assert doc["registry"]["ref"] == "demo:v1" and len(doc["registry"]["weights_sha256"]) == 64
-    assert doc["audit"]["exit_code"] == 0
     for plot in doc["plots"].values():
         assert Path(plot).is_file() and Path(plot).stat().st_size > 0
     assert (run / "align" / "report.md").is_file() and (run / "serve.log").is_file()
 
-
-def test_tiny_demo_serves_the_registered_model_and_audits_the_request(tiny_demo):
-    from meshlm.serve.audit_verify import export, verify
-    from meshlm.serve.registry import Registry
-
-    run, _ = tiny_demo
-    registry = Registry(run / "registry.sqlite", create=False)
+    registry = Registry(run / "registry.sqlite", create=False)  # the align run's final model, with its gates
     entry = registry.get("demo:v1")
     registry.close()
     report = json.loads((run / "align" / "report.json").read_text())
+    assert doc["registry"] == {"ref": "demo:v1", "gate_status": entry.gate_status,
+                               "weights_sha256": entry.weights_sha256}
     assert Path(entry.source) == Path(report["checkpoints"]["dpo"]).resolve() / "checkpoints" / "step-00000002"
     assert entry.gates_passed is report["passed"]
-    assert verify(run / "audit.sqlite").ok
+    assert doc["audit"]["exit_code"] == 0 and verify(run / "audit.sqlite").ok  # the server's log: serve + request
     records = export(run / "audit.sqlite")
     served = [r for r in records if r["kind"] == "admin" and r.get("action") == "serve"]
     asked = [r for r in records if r["kind"] == "request"]

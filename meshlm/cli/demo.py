@@ -67,8 +67,8 @@ def _intro(run_dir: Path, overrides: list[str]) -> None:
     print("meshlm demo: the whole workflow on the embedded default, offline: the behaviour spec's data -> pretrain "
           "-> SFT -> DPO -> safety table before/after -> registry -> serve -> one request -> audit verify -> plots.")
     print("A smoke run of the workflow, not a result: the model is tiny and trains for minutes, so its safety "
-          "figures are poor and its gates fail. The commands printed at the end run the same workflow on a real "
-          "model.")
+          "figures are poor and its gates are expected to fail. The commands printed at the end run the same "
+          "workflow on a real model.")
     print(f"run directory: {run_dir}")
     print("align config: the embedded configs/align.toml sized down: " + ", ".join(sized))
     if openai_missing():
