@@ -134,13 +134,15 @@ def test_sigterm_drains_an_in_flight_stream_and_refuses_new_requests(tmp_path, u
     assert finished["response"] == "Hello world" and finished["finish_reason"] == "stop"
 
 
-def test_a_request_past_the_drain_timeout_is_cut_off_and_audited(tmp_path, upstream):
+@pytest.mark.parametrize("drain_timeout, signals", [("0.5", 1), ("600", 2)])
+def test_a_request_past_the_drain_timeout_is_cut_off_and_audited(tmp_path, upstream, drain_timeout, signals):
+    """The upstream never releases: the drain times out (or a second signal cuts it short)."""
     reg = Registry(tmp_path / "reg.sqlite")
     reg.add_endpoint(upstream.url, "relay", "toy", write_report(tmp_path / "pass.json", True))
     reg.close()
     audit = tmp_path / "audit.sqlite"
     server = start_server(["--registry", str(tmp_path / "reg.sqlite"), "--model", "relay:v1", "--audit", str(audit),
-                           "--drain-timeout", "0.5"], tmp_path / "srv")
+                           "--drain-timeout", drain_timeout], tmp_path / "srv")
     try:
         wait_ready(server, tmp_path / "srv")
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -149,7 +151,10 @@ def test_a_request_past_the_drain_timeout_is_cut_off_and_audited(tmp_path, upstr
         chunks = iter(stream)
         while not any(c.delta.content for c in next(chunks).choices):
             pass
-        server.proc.send_signal(signal.SIGTERM)  # the upstream never releases: the drain times out
+        server.proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            wait_for(lambda: httpx2.get(server.url + "/health/ready").status_code == 503, "the drain to start")
+            server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(60) == 0, server.log.read_text()[-2000:]
         stream.close()
     finally:

@@ -67,6 +67,8 @@ def run_add(args: argparse.Namespace) -> int:
         if entry.adapter:
             print(f"adapter of {entry.adapter['of']} (base {entry.adapter['base_weights_sha256'][:12]}, adapter "
                   f"{entry.adapter['adapter_sha256'][:12]})")
+        force = "" if entry.servable else " --force"  # audited; a passing --report makes it servable without
+        print(f"serve it: meshlm serve --registry {args.registry} --model {entry.ref}{force}")
     return 0
 
 

@@ -7,7 +7,7 @@ server writes its own sanitized lines instead.
 
 SIGINT/SIGTERM drain the server: it keeps accepting connections but answers new completion requests 503 (and
 ``/health/ready`` 503), lets the requests in flight finish for up to ``drain_timeout`` seconds, then stops; a
-request still running then is cut off and audited with status 503. A second signal stops it at once.
+request still running then is cut off and audited with status 503. A second signal cuts them off at once.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def serve(opts: ServeOptions) -> None:
 def draining_server(config, app_server, drain_timeout: float, log):
     """A uvicorn.Server whose first SIGINT/SIGTERM starts a drain (``app_server.start_draining``) instead of an
     immediate stop; it stops when nothing is in flight or ``drain_timeout`` has passed (checked on uvicorn's
-    0.1 s tick). A second signal stops it at once, as uvicorn does."""
+    0.1 s tick). A second signal cuts off the requests still in flight at the next tick (they are audited)."""
     import time
 
     import uvicorn
@@ -125,9 +125,11 @@ def draining_server(config, app_server, drain_timeout: float, log):
         deadline: float | None = None
 
         def handle_exit(self, sig, frame) -> None:
-            if self.deadline is not None:  # the second signal
-                self.force_exit = True
+            if self.should_exit:  # already stopping: uvicorn's own handling (a SIGINT forces the exit)
                 return super().handle_exit(sig, frame)
+            if self.deadline is not None:  # the second signal: cut off what is in flight at the next tick
+                self.deadline = 0.0
+                return
             self.deadline = time.monotonic() + drain_timeout
             app_server.start_draining()
 
