@@ -153,3 +153,16 @@ def test_refused_and_accepted_requests_store_no_pii_in_keys(served):
     for raw in RAW + ["Olivia Bennett"]:
         assert raw.encode() not in blob, raw
     assert b"<EMAIL>" in blob and b"<CREDIT_CARD>" in blob
+
+
+def test_a_sibling_that_names_an_identifier_labels_the_values_beside_it():
+    """{"field": "SSN", "value": …} and a tool call named update_ssn whose arguments hold the numbers."""
+    import json
+
+    record = {"messages": [{"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "update_ssn", "arguments": json.dumps({"old": "987654321", "new": "987654322"})}}]}],
+        "form": [{"field": "SSN", "value": "987-65-4321"}, {"field": "card", "value": "4111 1111 1111 1112"}]}
+    text = stored(record)
+    for raw in ("987654321", "987654322", "987-65-4321", "4111 1111 1111 1112"):
+        assert raw not in text, text
+    assert '"name":"update_ssn"' in text and '"field":"SSN"' in text

@@ -112,6 +112,31 @@ LEAKS = [  # (text, raw values that must not survive sanitizing)
  ("the numbers are 987-65-4321 and 987-65-4322 (both SSNs)", ["987-65-4321", "987-65-4322"]),
  ("my ssn is 9876 54321", ["9876 54321"]),
  ("ssn: 98765-4321", ["98765-4321"]),
+    # a third batch, scored once before the changes it prompted (26 of 37 found then)
+ ("Soc. Sec. #: 987-65-4321", ["987-65-4321"]),
+ ("SSN#987654321", ["987654321"]),
+ ("Employer Identification Number 12-3456789", ["12-3456789"]),
+ ("write me at jane.roe @ example.com", ["jane.roe @ example.com", "jane.roe"]),
+ ("my ssn is 987 65 4321, sorry, I meant 987 65 4312", ["987 65 4321", "987 65 4312"]),
+ ("ssn? 987654321", ["987654321"]),
+ ("SSN — 987-65-4321", ["987-65-4321"]),
+ ("Full SSN below:\n\n987-65-4321", ["987-65-4321"]),
+ ("cards: ['4111111111111112', '5500000000000001']", ["4111111111111112", "5500000000000001"]),
+ ("credit card # 4111 1111 1111 1112 and the backup card # 5500 0000 0000 0001", ["4111 1111 1111 1112", "5500 0000 0000 0001"]),
+ ("routing number: 021000021\naccount number: 1234567890", ["021000021", "1234567890"]),
+ ("IBAN\nDE00 3704 0044 0532 0130 01", ["DE00 3704 0044 0532 0130 01"]),
+ ("phone (home) 415-555-0134, (work) 415-555-0199", ["415-555-0134", "415-555-0199"]),
+ ("Passport No.: X12345678; Nationality: US", ["X12345678"]),
+ ("My DL is S530-4612-8795-01", ["S530-4612-8795-01"]),
+ ("member id 12345678 policy number 87654321", ["12345678", "87654321"]),
+ ("ssn: 987_65_4321", ["987_65_4321"]),
+ ("SSN 987 65 4321 (old) -> 987 65 4322 (new)", ["987 65 4321", "987 65 4322"]),
+ ("set ssn to 987654321", ["987654321"]),
+ ("the card is a Visa: 4111 1111 1111 1112", ["4111 1111 1111 1112"]),
+ ("His social security number is 987-65-4321 and hers is 987-65-4322.", ["987-65-4321", "987-65-4322"]),
+ ("ssn (dashes): 987-65-4321", ["987-65-4321"]),
+ ("tin 987654321", ["987654321"]),
+ ("Tax ID (EIN): 12-3456789", ["12-3456789"]),
 ]
 
 LOOK_ALIKES = [
@@ -149,6 +174,16 @@ LOOK_ALIKES = [
  "We sold 1234567 units in 2023 and 2345678 in 2024",
  "Set timeout to 30000 ms and retries to 5",
  "invoice 2024-000123 and invoice 2024-000124 are due",
+ "It costs 1,299.00 or 1299 USD",
+ "Call me tomorrow at 5 pm",
+ "Chapter 12, pages 123-456",
+ "The SSN field accepts 9 digits, e.g. the format NNN-NN-NNNN",
+ "rows 1000000 to 2000000 were exported",
+ "from 10:00 to 12:30 on 2024-06-01",
+ "pip install numpy==1.26.4 scipy==1.13.0",
+ "Error code 0x80070005 at address 0x7ffee4b1c9a8",
+ "build 4111 of 5000 finished",
+ "The account was billed 3 times for 49.99",
 ]
 
 

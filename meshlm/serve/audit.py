@@ -25,6 +25,7 @@ from typing import Any
 
 from meshlm.errors import UserError
 from meshlm.serve.audit_keys import MODE_KEYED, MODE_PLAIN, head_tag, key_id, record_digest
+from meshlm.serve.recognizers_labelled import label_type
 from meshlm.serve.sanitize import field_is_label, sanitize, sanitize_field
 
 GENESIS_HASH = "0" * 64
@@ -89,9 +90,11 @@ def sanitize_value(value: Any, field: str | None = None, depth: int = 0) -> Any:
         return sanitize(" ".join(_flatten(value)))  # no recursion limit, and json.dumps could not store it
     if isinstance(value, dict):
         clean: dict[str, Any] = {}
+        named = _sibling_label(value)
         for key, item in value.items():
             key = str(key)
-            clean[_free_name(_sanitize_key(key), clean)] = sanitize_value(item, key, depth + 1)
+            context = key if named is None or field_is_label(key) else named
+            clean[_free_name(_sanitize_key(key), clean)] = sanitize_value(item, context, depth + 1)
         return clean
     if isinstance(value, (list, tuple)):
         return [sanitize_value(v, field, depth + 1) for v in value]
@@ -103,6 +106,15 @@ def sanitize_value(value: Any, field: str | None = None, depth: int = 0) -> Any:
         return value
     raise TypeError(f"audit record values must be JSON types (str, number, bool, null, list, dict), "
                     f"got {type(value).__name__}")
+
+
+def _sibling_label(value: dict) -> str | None:
+    """A short string value that names an identifier labels its siblings: {"field": "SSN", "value": "…"},
+    {"name": "update_ssn", "arguments": "{\\"old\\": \\"…\\"}"}."""
+    for item in value.values():
+        if isinstance(item, str) and len(item) <= 40 and label_type(item) is not None:
+            return item
+    return None
 
 
 def _flatten(value: Any) -> list[str]:

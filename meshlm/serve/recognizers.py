@@ -25,8 +25,13 @@ _EMAIL_SPELLED = re.compile(  # "jane.doe [at] example [dot] com", "lars dot nie
     rf"(?:(?:\.|{_DOT})[\w-]{{1,63}}){{0,4}}{_DOT}[A-Za-z]{{2,6}}\b", re.I)
 
 
+_EMAIL_SPACED = re.compile(  # "jane.roe @ example.com", "jane.roe(at)example.com": the "@" set apart
+    r"(?<![\w.+-])[A-Za-z0-9][\w.+%-]{0,63}(?:\s*@\s+|\s*[\[(<{]\s*(?:at|@)\s*[\])>}]\s*)"
+    r"(?:[A-Za-z0-9-]{1,63}\s?\.\s?){1,8}[A-Za-z]{2,24}\b", re.I)
+
+
 def emails(text: str) -> Iterator[Span]:
-    for rx in (_EMAIL, _EMAIL_SPELLED):
+    for rx in (_EMAIL, _EMAIL_SPELLED, _EMAIL_SPACED):
         for m in rx.finditer(text):
             yield m.start(), m.end(), "EMAIL"
 

@@ -33,12 +33,15 @@ _S = r"[\s_-]*"  # between the words of a label: "social security", "social_secu
 _NO = rf"(?:{_S}(?:numbers?|nums?|nos?\b\.?|nr\b\.?|#|ids?\b|codes?\b))?"
 LABELS: dict[str, str] = {  # type -> label pattern; a value near it of at least MIN_DIGITS digits is that type
     "US_SSN": rf"(?:ssns?|s\.\s?s\.\s?n\.?|ss{_S}#|ss{_S}(?:number|no\b\.?)|social{_S}security{_NO}|"
+              rf"soc(?:ial)?\.?{_S}sec(?:urity|\.)?{_NO}|"
               rf"social(?=\s+(?:is|was|:|#|no\b)))",
     "CREDIT_CARD": rf"(?:(?:credit|debit|payment|bank){_S})?cards?{_NO}|cc{_NO}|visa|master{_S}card|amex|"
                    rf"american\s+express|discover|maestro|jcb|diners(?:\s+club)?|pan(?=\s*[:#=])",
     "CVV": rf"cvv2?|cvc2?|csc|cid(?=\s*[:#=])|(?:card{_S})?(?:security|verification){_S}(?:code|value)",
     "IBAN": r"ibans?",
     "ACCOUNT_NUMBER": rf"(?:(?:bank|checking|savings|current|deposit){_S})?accounts?{_NO}|acct\b\.?{_NO}|"
+                      rf"(?:member|membership|policy|patient|subscriber|insurance){_S}(?:ids?\b|numbers?|"
+                      rf"nos?\b\.?|#)|mrn\b|medical{_S}record{_NO}|"
                       rf"sort{_S}codes?|bsb|routing{_S}(?:numbers?|no\b\.?|#|codes?|transit{_S}number)|"
                       rf"aba(?:{_S}routing)?",
     "PASSPORT": rf"passports?{_NO}",
@@ -47,10 +50,12 @@ LABELS: dict[str, str] = {  # type -> label pattern; a value near it of at least
     "PHONE": rf"(?:tele)?phones?(?:{_S}(?:numbers?|no\b\.?|#))?|tel\b\.?|mobile|cell(?:{_S}?phone)?|fax|whatsapp|"
              r"sms|(?:text|call|reach|ring)\s+(?:me|us)(?:\s+(?:at|on))?",
     "TAX_ID": rf"tax{_S}(?:payer{_S})?(?:ids?|identification(?:{_S}numbers?)?|numbers?){_NO}|taxpayer{_NO}|"
+              rf"employer{_S}identification{_NO}|tax{_S}file{_NO}|"
               r"i?tins?\b|eins?\b|steuer-?id|steuernummer|nif\b|vat{_S}(?:id|number|no\b\.?)",
     "NATIONAL_ID": rf"national{_S}insurance{_NO}|ni{_S}(?:number|no\b\.?)|nino|nhs{_NO}|social{_S}insurance{_NO}|"
                    rf"sin\b(?=\s*(?:is|was|:|#|number|no\b|\d))|national{_S}id(?:entity)?(?:{_S}card)?{_NO}|"
                    rf"id(?:entity)?{_S}card{_NO}|identity{_S}(?:number|no\b\.?)|id{_S}(?:number|no\b\.?)|"
+                   rf"(?:personal|national){_S}identification{_NO}|"
                    rf"medicare{_NO}|health{_S}card{_NO}|aadhaa?r|cpf|curp|dni|nie|bsn|personnummer|"
                    r"personalausweis(?:nummer)?|codice\s+fiscale|pesel|insee",
 }
@@ -65,13 +70,16 @@ _LABEL = re.compile("|".join(rf"(?P<{t}>{_START}(?:{p})(?![a-z]|(?-i:[A-Z][a-z])
 _PIECE = r"[A-Za-z0-9]{0,24}\d[A-Za-z0-9]{0,24}"  # a group of a number, with at least one digit
 # A value: groups joined by one separator (a dash or dot may have a space each side: "987 - 65 - 4321"), maybe
 # after a short capital prefix ("WX-445-812-09", "QQ 12 34 56 C") or before one trailing letter.
-_JOIN = r"(?:\)\s?|\s?[.\-–/]\s?\(?|\s\(?|\s?\()"
+_JOIN = r"(?:\)\s?|\s?[.\-–/_]\s?\(?|\s\(?|\s?\()"
 _VALUE = re.compile(rf"(?<![\w+.-])(?:[A-Z]{{1,3}}-(?=\d)|[A-Z]{{2}}\s(?=\d\d\s\d\d\s))?[+(]?{_PIECE}"
                     rf"(?:{_JOIN}{_PIECE}){{0,24}}\)?"
                     rf"(?:\s[A-D](?![\w-]))?(?![\w-])")
 _IBAN_SHAPE = re.compile(r"(?<![\w+.-])[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,8}(?:[ -]?[A-Z0-9]{1,3})?(?![\w-])", re.I)
 # label ... value: no digit (another number), no sentence end; a line break only right after the label.
-_GAP = re.compile(r"[^\d\n.!?;]{0,32}|[^\w\n.!?;]{0,8}\n[^\d\n.!?;]{0,8}")  # "SSN:\n…", not "ssn,total\n…"
+_GAP = re.compile(r"[^\d\n.!?;]{0,32}"
+                  r"|[?!.]?[^\w\n.!?;]{0,8}\n[^\d\n.!?;]{0,8}"  # "SSN:\n…", "SSN?\n…", not "ssn,total\n…"
+                  r"|[?!.:]\s{0,3}"  # "ssn? 987…", "SSN. 987…"
+                  r"|[^\d\n.!?;]{0,24}:[ \t]*\n\s{0,8}")  # "SSN below:\n\n987…"
 # A number shown masked ("***-**-6789", "XXXX XXXX XXXX 4242"): not another value, the label reaches past it.
 _MASKED = re.compile(r"(?<![A-Za-z0-9])(?:[*xX•]{2,}[ .-]?){1,4}\d{0,4}(?![A-Za-z0-9])")
 _AFTER = re.compile(  # value ... label: "is my card", "(SSN)", "- that's my visa", "as the SSN"
