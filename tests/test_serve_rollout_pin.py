@@ -94,3 +94,16 @@ def test_an_out_of_range_version_on_the_cli_is_a_one_line_error(served):
     _, registry = served
     done = meshlm_in_process("registry", "show", "tiny:v" + "9" * 30, "--registry", str(registry))
     assert done.returncode == 2 and "versions are numbered 1 to" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rollout_start_pinnable_on_the_cli(served, tmp_path):
+    running, _ = served
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    common = ("--server", running.url, "--token-file", str(token_file))
+    started = meshlm_in_process("rollout", "start", "tiny:v2", "--share", "0.01", "--pinnable", *common)
+    assert started.returncode == 0 and "candidate tiny:v2 at share 0.01 (pinnable by version)" in started.stdout
+    assert ask(running, "tiny:v2") == "tiny:v2"
+    assert meshlm_in_process("rollout", "rollback", "tiny", *common).returncode == 0
+    with pytest.raises(openai.NotFoundError):  # the dropped candidate is unloaded
+        ask(running, "tiny:v2")
