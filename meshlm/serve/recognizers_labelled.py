@@ -51,7 +51,7 @@ LABELS: dict[str, str] = {  # type -> label pattern; a value near it of at least
              r"sms|(?:text|call|reach|ring)\s+(?:me|us)(?:\s+(?:at|on))?",
     "TAX_ID": rf"tax{_S}(?:payer{_S})?(?:ids?|identification(?:{_S}numbers?)?|numbers?){_NO}|taxpayer{_NO}|"
               rf"employer{_S}identification{_NO}|tax{_S}file{_NO}|"
-              r"i?tins?\b|eins?\b|steuer-?id|steuernummer|nif\b|vat{_S}(?:id|number|no\b\.?)",
+              r"i?tins?\b|eins?\b|steuer-?id|steuernummer|nif\b",
     "NATIONAL_ID": rf"national{_S}insurance{_NO}|ni{_S}(?:number|no\b\.?)|nino|nhs{_NO}|social{_S}insurance{_NO}|"
                    rf"sin\b(?=\s*(?:is|was|:|#|number|no\b|\d))|national{_S}id(?:entity)?(?:{_S}card)?{_NO}|"
                    rf"id(?:entity)?{_S}card{_NO}|identity{_S}(?:number|no\b\.?)|id{_S}(?:number|no\b\.?)|"
