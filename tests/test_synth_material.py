@@ -147,3 +147,17 @@ def test_no_material_prompt_equals_a_heldout_evaluation_prompt():
             prompts += [q for e in material(cat.name, "answer").get("entries", []) for q in e["questions"]]
     copied = sorted({p for p in prompts if _norm(p) in held})
     assert not copied, copied[:5]
+
+
+def test_the_align_config_knob_reaches_the_written_data(tmp_path):
+    from meshlm.errors import ConfigError
+    from meshlm.safety.align_config import load_align_config
+    from meshlm.safety.pipeline import make_dataset
+
+    cfg = load_align_config(None, ["data.max_refuse_share=0.3"])
+    assert cfg.data.max_refuse_share == 0.3 and load_align_config(None, []).data.max_refuse_share == MAX_REFUSE_SHARE
+    with pytest.raises(ConfigError, match="data.max_refuse_share = 1.5"):
+        load_align_config(None, ["data.max_refuse_share=1.5"])
+    sizes = SynthSizes(refuse=20, warn=10, answer=10, corpus_questions=0, arithmetic=0, max_refuse_share=0.3)
+    manifest = make_dataset("", tmp_path, 0, sizes, eval_group_fraction=0.05)
+    assert 0.25 <= manifest["sft_refuse_share"] <= 0.3

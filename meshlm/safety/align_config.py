@@ -14,6 +14,7 @@ from meshlm.config.loader import apply_overrides, read_toml
 from meshlm.config.posttrain import LORA_TARGETS
 from meshlm.errors import ConfigError, UserError
 from meshlm.safety.attacks import names as attack_families
+from meshlm.safety.synth import MAX_REFUSE_SHARE
 from meshlm.safety.taxonomy import LABELS, POLICIES, label_pairs
 from meshlm.sections import did_you_mean, dumps_toml, from_dict, option, to_dict
 
@@ -58,10 +59,14 @@ class DataSection:
     warn: int = option(600, "Prompts per warn category before dedup.")
     answer: int = option(1100, "Prompts per answer category before dedup.")
     eval_group_fraction: float = option(0.1, "Share of each category's subjects held out for eval_prompts.jsonl.")
+    max_refuse_share: float = option(MAX_REFUSE_SHARE, "Refuse prompts at most this share of the synthesised prompts and of the "
+                                     "SFT rows; 1 turns the cap off.")
 
     def validate(self) -> None:
         if min(self.refuse, self.warn, self.answer) < 1 or not 0 <= self.eval_group_fraction < 1:
             raise ConfigError("data.refuse/warn/answer must be >= 1 and data.eval_group_fraction in [0, 1)")
+        if not 0 < self.max_refuse_share <= 1:
+            raise ConfigError(f"data.max_refuse_share = {self.max_refuse_share}: must be in (0, 1] (1: no cap)")
 
 
 @dataclass

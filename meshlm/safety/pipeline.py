@@ -50,7 +50,7 @@ def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str 
     sizes = sizes or SynthSizes()
     files = leak_check_files(heldout)
     split = split_examples(synthesize(spec, seed, sizes), seed, eval_group_fraction,
-                           extra_eval_prompts=leak_check_prompts(files))
+                           extra_eval_prompts=leak_check_prompts(files), max_refuse_share=sizes.max_refuse_share)
     extra = {"seed": seed, "spec": spec.path, "spec_version": spec.version, "spec_sha256": spec.sha256,
              "near_duplicate_check_against": [str(f) for f in files]}
     return write_dataset(split, out, extra)
@@ -346,7 +346,8 @@ def _dataset(cfg: AlignConfig, data: Path, resume: bool) -> dict:
     from meshlm.safety.synth import SynthSizes
 
     if not (resume and (data / "manifest.json").is_file()):
-        sizes = SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer)
+        sizes = SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer,
+                           max_refuse_share=cfg.data.max_refuse_share)
         make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout, cfg.data.eval_group_fraction)
     return json.loads((data / "manifest.json").read_text())
 
