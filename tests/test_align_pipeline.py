@@ -300,3 +300,19 @@ def test_a_second_run_of_the_same_base_is_served_from_the_cache(tiny_run, tmp_pa
                  .read_text().splitlines()]
     assert all("int8" in formats[p] for p in synthetic)
     assert all(formats[p] == {"fp32"} for p, *_ in HELDOUT)  # gated: never int8
+
+
+def test_no_cache_neither_reads_nor_writes_the_cache(tiny_run, tmp_path, monkeypatch, capfd):
+    from meshlm.cli.main import main
+
+    run, _ = tiny_run
+    monkeypatch.setenv("MESHLM_CACHE", str(tmp_path / "cache"))
+    copy = _copy_without_generations(run, tmp_path / "a")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["align", str(run / "align.resolved.toml"), "--run-dir", str(copy), "--resume", "auto", "--no-cache",
+              "--json"])
+    report = json.loads(capfd.readouterr().out.strip().splitlines()[-1])  # after the stages' log lines
+    assert exit_info.value.code in (0, 1)  # 1: the tiny models fail the gates
+    assert report["cache"] == {"dir": None, "generate": {"hits": 0, "misses": 0}, "label": {"hits": 0, "misses": 0}}
+    assert not (tmp_path / "cache" / "align").exists() and (copy / "eval" / "base" / "heldout").is_dir()
+    assert not any(r["from_cache"] for r in report["stages"])

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 from pathlib import Path
 
 import torch
 
 from meshlm.errors import ConfigError
+
+
+# weights_sha256 of a checkpoint folder by its manifest's sha256 (which holds every file's): hashing a real model's
+# weights takes a second or two, and one run asks it of the same base for several stages.
+_WEIGHTS_SHA256: dict[tuple[str, str], str] = {}
 
 
 class CheckpointGenerator:
@@ -49,6 +55,9 @@ class CheckpointGenerator:
         self.system, self.device, self.weights = system, device, "fp32"
         self.generator = None if greedy else torch.Generator(device).manual_seed(seed)
         self._identity: dict[str, str] = {}  # shared by every view (using): filled once, by cache_key
+        manifest = self.checkpoint / "manifest.json"  # read now: the files just loaded (and verified against it)
+        self._files = None if cfg.lora.enabled or not manifest.is_file() else (  # LoRA: the base's weights too
+            str(self.checkpoint.resolve()), hashlib.sha256(manifest.read_bytes()).hexdigest())
         if weights != "fp32":
             self._check_weights(weights, "--weights")
             self.weights = weights
@@ -77,10 +86,9 @@ class CheckpointGenerator:
         """What this generator's responses to ``prompts`` depend on (meshlm/safety/cache.py): the weights' and
         the tokenizer's sha256, the prompts' token ids, the sampling settings, the weight format and the device."""
         if not self._identity:
-            from meshlm.checkpoint.load import weights_sha256
             from meshlm.fileio import sha256_file
 
-            self._identity.update(weights_sha256=weights_sha256(self.model),
+            self._identity.update(weights_sha256=self._weights_sha256(),
                                   tokenizer_sha256=sha256_file(self.checkpoint / "tokenizer.json"))
         return {**self._identity, "prompt_ids": [self.prompt_ids(p) for p in prompts],
                 "sampling": dataclasses.asdict(self.sampling), "weights": self.weights,
@@ -91,6 +99,15 @@ class CheckpointGenerator:
                    [{"role": "user", "content": prompt}]
         ids = self.template.encode_prompt(messages)
         return ids if len(ids) <= self.max_prompt else ids[-self.max_prompt:]
+
+    def _weights_sha256(self) -> str:
+        from meshlm.checkpoint.load import weights_sha256
+
+        if self._files is None:
+            return weights_sha256(self.model)
+        if self._files not in _WEIGHTS_SHA256:
+            _WEIGHTS_SHA256[self._files] = weights_sha256(self.model)
+        return _WEIGHTS_SHA256[self._files]
 
     def __call__(self, prompts: list[str]) -> list[str]:
         from meshlm.generate.rollout import rollout
