@@ -137,6 +137,9 @@ LEAKS = [  # (text, raw values that must not survive sanitizing)
  ("ssn (dashes): 987-65-4321", ["987-65-4321"]),
  ("tin 987654321", ["987654321"]),
  ("Tax ID (EIN): 12-3456789", ["12-3456789"]),
+    # an error message that names a client's key by its path (pydantic's loc joined with dots)
+    ("messages.0.tool_calls.0.4111111111111111: Extra inputs are not permitted", ["4111111111111111"]),
+    ("messages.0.4111 1111 1111 1111: Extra inputs are not permitted", ["4111 1111 1111 1111"]),
 ]
 
 LOOK_ALIKES = [
@@ -184,6 +187,7 @@ LOOK_ALIKES = [
  "Error code 0x80070005 at address 0x7ffee4b1c9a8",
  "build 4111 of 5000 finished",
  "The account was billed 3 times for 49.99",
+ "p = 0.4111111111111111 and x.5 = 1.25",
 ]
 
 

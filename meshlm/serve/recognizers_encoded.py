@@ -2,7 +2,8 @@
 
 - :func:`normalized`: invisible characters dropped (zero-width spaces, soft hyphens: ``987\\u200b65\\u200b4321``),
   escapes decoded (``jane%40example.com``, ``&#64;``, ``\\u0040``), fullwidth forms and other scripts' digits
-  folded to ASCII (``９８７``), Unicode dashes read as ``-``. Each character of the reading remembers the span of
+  folded to ASCII (``９８７``), Unicode dashes read as ``-``, the dot of a path before a long number as ``: ``
+  (``tool_calls.0.4111111111111111``). Each character of the reading remembers the span of
   the original it came from, so a finding maps back onto the original text.
 - :func:`encoded_tokens`: base64 / base64url tokens that decode to readable text (``U1NOOiA5ODctNjUtNDMyMQ==``
   is "SSN: 987-65-4321"); the caller looks for personal data inside and masks the whole token.
@@ -24,10 +25,15 @@ _SPECIAL = re.compile(
     r"|%[0-9A-Fa-f]{2}|&#(?:\d{1,7}|[xX][0-9A-Fa-f]{1,6});|&(?:commat|period|plus|hyphen|minus|num|lpar|rpar);"
     r"|\\u[0-9A-Fa-f]{4}"  # escapes: decoded
     r"|[\uff01-\uff5e\u2010-\u2015\u2212\u00a0\u2000-\u200a\u202f\u3000]"  # fullwidth, dashes, odd spaces
-    r"|(?![0-9])\d")  # another script's digit
+    r"|(?![0-9])\d"  # another script's digit
+    # a path's dot before a long number: "tool_calls.0.4111111111111111" (an error message naming a client's key);
+    # read as ": ". Not after a digit alone, so "0.4111111111111111" stays a number.
+    r"|(?:(?<=[A-Za-z_\]])|(?<=\.\d)|(?<=\.\d\d))\.(?=\d(?:[ -]?\d){6})")
 
 
 def _decode(piece: str) -> str:
+    if piece == ".":
+        return ": "  # not a bare space: a digit and a space before a number make it look like one more group
     if piece[0] == "%":
         return chr(int(piece[1:], 16))
     if piece[0] == "&":
