@@ -8,8 +8,10 @@ endpoints must agree token for token."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated
 
+import httpx2
 import openai
 import pydantic
 import pytest
@@ -68,6 +70,21 @@ def test_streamed_events_rebuild_the_same_answer(served):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == whole.output_text == events[-1].response.output_text
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+    record = served.audit.records[-1]  # the stream's own record, written when it ended
+    assert record["endpoint"] == "/v1/responses" and record["stream"] is True and record["status"] == 200
+    assert record["response"] == whole.output_text and record.get("client") is None
+
+
+def test_a_client_that_leaves_a_stream_is_audited_once(served):
+    before = len(served.audit.records)
+    body = {"model": "tiny", "input": "go on", "max_output_tokens": 90, "stream": True}
+    with httpx2.stream("POST", served.url + "/v1/responses", json=body, timeout=60) as r:
+        assert r.status_code == 200 and next(r.iter_lines()).startswith("event: response.created")
+    deadline = time.monotonic() + 60
+    while len(served.audit.records) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(served.audit.records) == before + 1
+    assert served.audit.records[-1]["endpoint"] == "/v1/responses"
 
 
 def test_parse_and_stream_with_a_pydantic_text_format(served):

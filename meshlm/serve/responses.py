@@ -143,7 +143,7 @@ def response_object(request: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
 
 async def stream_events(request: dict[str, Any], chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """Chat completion chunks (SSE) in, Responses events (SSE) out."""
-    seq, text, reason, usage, head = 0, [], None, None, None
+    seq = 0
 
     def event(kind: str, **fields) -> bytes:
         nonlocal seq
@@ -151,10 +151,19 @@ async def stream_events(request: dict[str, Any], chunks: AsyncIterator[bytes]) -
         data = {"type": kind, "sequence_number": seq - 1, **fields}
         return f"event: {kind}\ndata: ".encode() + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
+    try:
+        async for event_bytes in _translate(request, chunks, event):
+            yield event_bytes
+    finally:
+        await chunks.aclose()  # a client that left: the chat stream's own clean-up (audit, cancel) runs now
+
+
+async def _translate(request: dict[str, Any], chunks, event) -> AsyncIterator[bytes]:
+    text, reason, usage, head, msg_id = [], None, None, None, ""
     async for raw in chunks:
         data = raw.decode().removeprefix("data: ").strip()
         if data == "[DONE]":
-            break
+            continue  # (read on to the chat stream's end, so its audit record is written as for chat)
         chunk = json.loads(data)
         if "error" in chunk:
             error = chunk["error"]
@@ -166,7 +175,7 @@ async def stream_events(request: dict[str, Any], chunks: AsyncIterator[bytes]) -
             return
         if head is None:
             head = chunk
-            resp_id, msg_id = _ids(chunk["id"])
+            msg_id = _ids(chunk["id"])[1]
             yield event("response.created", response=_response(request, chunk, "in_progress", [], None, None))
             yield event("response.in_progress", response=_response(request, chunk, "in_progress", [], None, None))
             item = {**_message(msg_id, "", "in_progress"), "content": []}
