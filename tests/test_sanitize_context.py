@@ -140,6 +140,33 @@ LEAKS = [  # (text, raw values that must not survive sanitizing)
     # an error message that names a client's key by its path (pydantic's loc joined with dots)
     ("messages.0.tool_calls.0.4111111111111111: Extra inputs are not permitted", ["4111111111111111"]),
     ("messages.0.4111 1111 1111 1111: Extra inputs are not permitted", ["4111 1111 1111 1111"]),
+    # a fourth batch across the other types, scored once before its changes (25 of 28 found then)
+ ("DOB: 01.02.1980", ["01.02.1980"]),
+ ("born 1980/02/01 in Ohio", ["1980/02/01"]),
+ ('{"dateOfBirth": "1980-02-01"}', ["1980-02-01"]),
+ ("birth_date=1980-02-01&x=1", ["1980-02-01"]),
+ ("OPENAI_API_KEY=sk-proj-Zq8mP2xRk5YczUJ4zIKdztgacm06", ["sk-proj-Zq8mP2xRk5YczUJ4zIKdztgacm06"]),
+ ("x-api-key: abcd1234efgh5678ijkl", ["abcd1234efgh5678ijkl"]),
+ ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", ["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"]),
+ ("connect to 10.0.0.1:8080", ["10.0.0.1"]),
+ ("[2001:db8::1]:443", ["2001:db8::1"]),
+ ("ip=192.168.1.10", ["192.168.1.10"]),
+ ("+1-415-555-0134", ["415-555-0134"]),
+ ("(415)555-0134", ["555-0134"]),
+ ("tel:+14155550134", ["4155550134"]),
+ ("IBAN: GB82-WEST-1234-5698-7654-32", ["GB82-WEST-1234-5698-7654-32"]),
+ ("mailto:jane@example.com", ["jane@example.com"]),
+ ("Jane <jane+tag@sub.example.co.uk>", ["jane+tag@sub.example.co.uk"]),
+ ("SSN 536 22 8714", ["536 22 8714"]),
+ ("536228714 is the number on my social security card", ["536228714"]),
+ ("Visa ending 1111? no, the whole number: 4111111111111111", ["4111111111111111"]),
+ ("my CC is 4111-1111-1111-1111, exp 12/30", ["4111-1111-1111-1111"]),
+ ("account: 12345678, sort: 12-34-56", ["12345678", "12-34-56"]),
+ ("password=Tr0ub4dor&3", ["Tr0ub4dor&3"]),
+ ("call 020 7946 0958 or 07700 900123", ["020 7946 0958", "07700 900123"]),
+ ("my number's 415.555.0134", ["415.555.0134"]),
+ ("SSN:\n  987-65-4321", ["987-65-4321"]),
+ ("passport\t123456789", ["123456789"]),
 ]
 
 LOOK_ALIKES = [
@@ -188,6 +215,14 @@ LOOK_ALIKES = [
  "build 4111 of 5000 finished",
  "The account was billed 3 times for 49.99",
  "p = 0.4111111111111111 and x.5 = 1.25",
+ "the meeting is at 10.30 on 01.02.2024",
+ "see https://example.com/docs/v2.1.0/api",
+ "the hash is 5d41402abc4b2a76b9719d911017c592",
+ "weights: 0.123456789, 0.987654321",
+ "Table 3: 1,024 rows; 2,048 columns",
+ "commit 9fceb02d0ae598e95dc970b74767f19372d61af8 and tag v1.2.3",
+ "ISO 3166-1 alpha-2 and RFC 5322",
+ "lat 40.7128, lon -74.0060",
 ]
 
 

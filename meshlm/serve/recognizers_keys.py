@@ -111,7 +111,9 @@ _DATE = (rf"(?:\d{{4}}[-/.]\d{{1,2}}[-/.]\d{{1,2}}|\d{{1,2}}[-/.]\d{{1,2}}[-/.](
          rf"|{_MONTH},?\s+\d{{4}}|\d{{1,2}}[-/ ]{_MONTH}[-/ ](?:\d{{4}}|\d{{2}})"  # 01-Jan-1990
          rf"|(?:19|20)\d\d(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(?!\d)"  # 19900412
          rf"|\d{{1,2}}[/.]\d{{1,2}}(?![/.]?\d)|(?:19|20)\d\d(?![-/.]?\d))")
-_BIRTH_WORD = (r"(?:\bborn|\bbirth\s*date|\bbirthdate|\bdate\s+of\s+birth|\bD\.?O\.?B\b\.?|\bbirthday|\bb-?day|"
+# Words may be joined by "_", "-" or camel case: birth_date, dateOfBirth, date-of-birth.
+_BIRTH_WORD = (r"(?:\bborn|(?<![A-Za-z])birth[\s_-]*date|\bdate[\s_-]*of[\s_-]*birth|(?<![A-Za-z])D\.?O\.?B\b\.?|"
+               r"(?<![A-Za-z])birthday|\bb-?day|"
                r"\bb\.(?=\s*\d)|\bgeboren|\bGeburtsdatum|\bné(?:e)?|\bdate\s+de\s+naissance|\bnacid[oa]|"
                r"\bfecha\s+de\s+nacimiento|\bdata\s+di\s+nascita|\bdata\s+de\s+nascimento)")
 _DOB = re.compile(rf"(?=[A-Za-zé]){_BIRTH_WORD}[^\n.;]{{0,24}}?(?P<date>{_DATE})\b", re.I)
