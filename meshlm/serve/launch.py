@@ -138,7 +138,8 @@ def draining_server(config, app_server, drain_timeout: float, log):
                 if not app_server.in_flight:
                     self.should_exit = True
                 elif time.monotonic() > self.deadline:
-                    log(f"drain timeout ({drain_timeout:g} s): cutting off {app_server.cut_off()} requests")
+                    why = "a second signal" if self.deadline == 0.0 else f"drain timeout ({drain_timeout:g} s)"
+                    log(f"{why}: cutting off {app_server.cut_off()} requests")
                     self.config.timeout_graceful_shutdown = 1  # uvicorn cancels them after this
                     self.should_exit = True
             return await super().on_tick(counter)
