@@ -174,7 +174,7 @@ def test_safe_prompts_are_encoded_only_readably_and_typos_keep_the_subject():
 # The bytes of a small synthesis and of the red-team rows for a fixed seed, recorded before safety/ was reorganised
 # into plug-ins and data files (and equal at every step since). They may change only with a deliberate change of
 # the synthesis material, the templates or the frames: then record the new digests in the same commit and say why.
-SYNTH_SHA256 = "23f6b8af8caaf0808a7d2b22a3b3f6900e8cac2a9ba8768e2a4175c9f2e7b3cd"
+SYNTH_SHA256 = "a63eebb3f9bd6ad23037cf26bd506f3b933dc7791de611fd6c43173190f2af8c"
 REDTEAM_SHA256 = "1d06ddd55a81a4f3326740382b3d82aefc3f1f34f67c5d51551f62cfc13f2615"
 
 
