@@ -20,6 +20,7 @@ import pytest
 
 from meshlm.serve.audit_verify import export
 from meshlm.serve.registry import Registry
+from tests.helpers import meshlm_in_process
 from tests.test_registry import write_report
 from tests.test_serve import start_server, wait_ready
 
@@ -164,3 +165,9 @@ def test_a_request_past_the_drain_timeout_is_cut_off_and_audited(tmp_path, upstr
     records = [r for r in export(audit) if r["kind"] == "request"]
     assert [(r["status"], r["response"]) for r in records] == [(503, "Hello")]
     assert "cutting off 1 requests" in server.log.read_text()
+
+
+def test_a_bad_drain_timeout_is_a_one_line_error(tmp_path):
+    done = meshlm_in_process("serve", "--registry", str(tmp_path / "reg.sqlite"), "--model", "x:v1",
+                             "--drain-timeout", "-1")
+    assert done.returncode == 2 and "--drain-timeout -1" in done.stderr and "Traceback" not in done.stderr
