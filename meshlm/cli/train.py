@@ -39,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
     # A missing or unreadable config is answered before torch is imported (worker_env reads the environment only).
     from meshlm.distributed.worker_env import in_worker
 
+    from meshlm.train.tracking import check_trackers
+
     cfg = load_config(args.config, args.overrides, inherit=True)  # init_from's [model] keys fill the gaps
+    check_trackers(cfg.metrics)  # a tracker's missing package, before minutes of set-up
     if args.resume and not args.run_dir:
         raise ConfigError("--resume auto needs --run-dir pointing at the run to continue")
     if args.nproc < 0 or args.max_restarts < 0:

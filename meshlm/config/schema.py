@@ -158,6 +158,9 @@ class CheckpointConfig:
             raise ConfigError("checkpoint.interval must be >= 0 and checkpoint.keep_last >= 1")
 
 
+TRACKERS = ("tensorboard", "mlflow", "wandb")  # metrics.trackers; meshlm/train/tracking.py implements each
+
+
 @dataclass
 class MetricsConfig:
     interval: int = option(10, "Log metrics every N steps.")
@@ -168,13 +171,24 @@ class MetricsConfig:
                                            "comm_measured_step; 0 = sample once.")
     progress: str = option("auto", "auto: a rich progress bar on a terminal, plain log lines otherwise.",
                            choices=("auto", "rich", "plain"))
-    wandb: bool = option(False, "Also log to Weights & Biases in offline mode (files under RUN_DIR/wandb; "
-                                "`wandb sync` uploads them later). Needs the wandb package.")
+    wandb: bool = option(False, "Also log to Weights & Biases (the same as listing 'wandb' in metrics.trackers).")
     wandb_project: str = option("meshlm", "Weights & Biases project name for metrics.wandb.")
+    trackers: list[str] = option([], "Experiment trackers that also receive every metrics.jsonl record, any of "
+                                     "tensorboard, mlflow, wandb; mlflow and wandb need "
+                                     "pip install 'meshlm[tracking]'.")
+    wandb_mode: str = option("offline", "offline: files under RUN_DIR/wandb (`wandb sync` uploads them later); "
+                                        "online: straight to the W&B server.", choices=("offline", "online"))
+    mlflow_tracking_uri: str = option("", "MLflow tracking URI (a server, sqlite:///FILE); empty: "
+                                          "$MLFLOW_TRACKING_URI, else a file store at RUN_DIR/mlruns.")
+    mlflow_experiment: str = option("meshlm", "MLflow experiment name for 'mlflow' in metrics.trackers.")
 
     def validate(self) -> None:
         if self.interval < 1:
             raise ConfigError(f"metrics.interval must be at least 1, got {self.interval}")
+        unknown = [name for name in self.trackers if name not in TRACKERS]
+        if unknown:
+            raise ConfigError(f"metrics.trackers: unknown tracker(s) {', '.join(map(repr, unknown))}; choose from "
+                              f"{', '.join(TRACKERS)}")
         if self.comm_sample_interval < 0:
             raise ConfigError(f"metrics.comm_sample_interval must be 0 (sample once) or a positive number of "
                               f"steps, got {self.comm_sample_interval}")

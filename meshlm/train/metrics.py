@@ -1,10 +1,9 @@
-"""Per-step metrics: ``metrics.jsonl`` (the contract), TensorBoard, optional W&B, and a terminal view."""
+"""Per-step metrics: ``metrics.jsonl`` (the contract), the trackers beside it (meshlm/train/tracking.py:
+TensorBoard, MLflow, W&B), and a terminal view."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import resource
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 
 from meshlm.fileio import atomic_write_text
 from meshlm.config.schema import MetricsConfig
-from meshlm.errors import ConfigError
+from meshlm.train.tracking import Trackers, check_trackers
 
 
 _STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
@@ -130,16 +129,14 @@ class MetricsLogger:
         self.enabled = rank == 0
         self.total_steps = total_steps
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._tb = None
-        self._wandb = None
+        self._trackers = None
         self._progress = None
+        check_trackers(cfg)  # on every rank, so that all of them stop on a missing package
         if not self.enabled:
             return
         truncate_metrics(self.path, start_step)
         self._file = self.path.open("a", encoding="utf-8")
-        if cfg.tensorboard:
-            self._tb = _tensorboard_writer(Path(run_dir) / "tensorboard", purge_step=start_step + 1)
-        self._wandb = _wandb_run(Path(run_dir), cfg.wandb_project) if cfg.wandb else None
+        self._trackers = Trackers(Path(run_dir), cfg, start_step)
         use_rich = cfg.progress == "rich" or (cfg.progress == "auto" and sys.stdout.isatty())
         if use_rich:
             self._progress = _RichProgress(total_steps, start_step)
@@ -149,13 +146,7 @@ class MetricsLogger:
             return
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and value == value:
-                    self._tb.add_scalar(key, value, record["step"])
-        if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"},
-                            step=record["step"])
+        self._trackers.log(record)
         line = format_record(record, self.total_steps)
         if self._progress is not None:
             self._progress.update(record["step"], line)
@@ -178,34 +169,9 @@ class MetricsLogger:
         if not self.enabled:
             return
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        self._trackers.close()
         if self._progress is not None:
             self._progress.stop()
-
-
-def _tensorboard_writer(log_dir: Path, purge_step: int):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # a dependency of meshlm: only a broken install gets here
-        raise ConfigError("metrics.tensorboard=true needs the tensorboard package (a dependency of meshlm: "
-                          "pip install tensorboard), or set metrics.tensorboard=false") from None
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
-
-
-def _wandb_run(run_dir: Path, project: str):
-    """An offline W&B run tied to the run directory (a resumed run continues the same W&B run)."""
-    try:
-        import wandb
-    except ImportError:
-        raise ConfigError("metrics.wandb=true needs the wandb package (pip install wandb), or set "
-                          "metrics.wandb=false") from None
-    run_id = "meshlm-" + hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
-    return wandb.init(project=project, dir=str(run_dir), name=run_dir.name, id=run_id, resume="allow",
-                      mode="offline")
 
 
 class _RichProgress:
