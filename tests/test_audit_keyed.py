@@ -157,7 +157,8 @@ def old_style_log(path: Path, n: int) -> Path:
         body = {"kind": "request", "time": f"2026-11-30T21:00:0{seq}.000000Z", "prompt": "<EMAIL>", "seq": seq}
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         digest = hashlib.sha256(prev.encode() + text.encode()).hexdigest()
-        conn.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)", (seq, body["time"], "request", text, prev, digest))
+        conn.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)",
+                     (seq, body["time"], "request", text, prev, digest))
         prev = digest
     conn.execute("INSERT INTO meta VALUES ('head', ?)", (json.dumps({"seq": n, "hash": prev}),))
     conn.commit()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sqlite3
 import threading
 from datetime import datetime, timezone
@@ -145,9 +146,17 @@ def _sanitize_number(value: int | float, field: str | None) -> int | float | str
     return value if clean == digits else clean
 
 
-@functools.lru_cache(maxsize=4096)
+_NAME_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+
+
 def _sanitize_key(key: str) -> str:
-    """Keys repeat ("role", "content"): their sanitized form is cached."""
+    """Keys repeat ("role", "content", "tool_calls"): the sanitized form of a name-shaped key is cached; any other
+    key (an address, a number) is sanitized each time and never kept in memory."""
+    return _sanitize_name_key(key) if _NAME_KEY.fullmatch(key) else sanitize(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sanitize_name_key(key: str) -> str:
     return sanitize(key)
 
 

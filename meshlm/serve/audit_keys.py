@@ -1,10 +1,10 @@
 """The audit chain's key: where it is read from, its id, and the two keyed digests (record and head).
 
 A keyed log (mode ``hmac-sha256``) chains ``hash_i = HMAC-SHA256(key, ascii(hash_{i-1}) ‖ canonical JSON of
-record i)`` and stores beside its head a tag ``HMAC-SHA256(key, "meshlm-audit-head:" ‖ seq ‖ ":" ‖ hash)``, so that
-rewriting a record, or cutting the newest records and moving the head back, needs the key. The key lives outside
-the database (a file or ``MESHLM_AUDIT_KEY``); the database holds only its id, a SHA-256 of the key under a
-label of its own, never the key. docs/audit.md.
+record i)`` and stores beside its head a tag ``HMAC-SHA256(key, "meshlm-audit-head:" ‖ seq ‖ ":" ‖ hash)``, so
+that rewriting a record, or cutting the newest records and moving the head back, needs the key. The key lives
+outside the database (a file or ``MESHLM_AUDIT_KEY``); the database holds only its id, a SHA-256 of the key under
+a label of its own, never the key. docs/audit.md.
 """
 
 from __future__ import annotations

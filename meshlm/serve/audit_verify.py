@@ -49,7 +49,8 @@ class VerifyReport:
 
     def to_json(self) -> dict:
         return {"path": self.path, "ok": self.ok, "records": self.records, "head_seq": self.head_seq,
-                "head_hash": self.head_hash, "mode": self.mode, "key_ids": self.key_ids, "first_bad_seq": min((p.seq for p in self.problems), default=None),
+                "head_hash": self.head_hash, "mode": self.mode, "key_ids": self.key_ids,
+                "first_bad_seq": min((p.seq for p in self.problems), default=None),
                 "problems": [p.to_json() for p in self.problems]}
 
 

@@ -143,8 +143,8 @@ def ip_addresses(text: str) -> Iterator[Span]:
 # ----------------------------------------------------------------------------------------------------- US SSN
 _SSN = re.compile(r"(?<![\w-])(\d{3})([- ]?)(\d{2})\2(\d{4})(?![\w-])")
 # \Z, not $: "$" also matches before a final newline, and a header "ssn,total\n" would label the next row.
-_SSN_CONTEXT = re.compile(r"\b(?:ssn|ss#|social\s+security(?:\s+(?:number|no\.?|#))?|taxpayer|tin)\b(?P<gap>[^\n]{0,24})\Z",
-                          re.I)
+_SSN_CONTEXT = re.compile(r"\b(?:ssn|ss#|social\s+security(?:\s+(?:number|no\.?|#))?|taxpayer|tin)\b"
+                          r"(?P<gap>[^\n]{0,24})\Z", re.I)
 
 
 def list_closed(gap: str) -> bool:

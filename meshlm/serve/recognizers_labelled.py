@@ -83,7 +83,8 @@ _GAP = re.compile(r"[^\d\n.!?;]{0,32}"
 # A number shown masked ("***-**-6789", "XXXX XXXX XXXX 4242"): not another value, the label reaches past it.
 _MASKED = re.compile(r"(?<![A-Za-z0-9])(?:[*xX•]{2,}[ .-]?){1,4}\d{0,4}(?![A-Za-z0-9])")
 _AFTER = re.compile(  # value ... label: "is my card", "(SSN)", "- that's my visa", "as the SSN"
-    r"\s*(?:[(\[]\s*(?:(?:both|all|all\s+three|the|my|our|these|those|each|are)\s+)?|(?:[-–—,]\s*)?(?:is|was|are|=|as|that'?s|it'?s|this\s+is)\s+"
+    r"\s*(?:[(\[]\s*(?:(?:both|all|all\s+three|the|my|our|these|those|each|are)\s+)?"
+    r"|(?:[-–—,]\s*)?(?:is|was|are|=|as|that'?s|it'?s|this\s+is)\s+"
     r"(?:my|the|our|your|his|her|their|a|an)\s+(?:[a-z']+\s+){0,4}?)$", re.I)
 # Between two values of one list: a comma, "and", "or", "to", "/", "|", "then", a list line; a word or two
 # ("(old) and", "the new one is") — but no digit and no sentence end.
