@@ -167,6 +167,25 @@ LEAKS = [  # (text, raw values that must not survive sanitizing)
  ("my number's 415.555.0134", ["415.555.0134"]),
  ("SSN:\n  987-65-4321", ["987-65-4321"]),
  ("passport\t123456789", ["123456789"]),
+    # a fifth batch on the context words of the issue, scored once before its changes (29 of 31 found then)
+ ("Can you check these accounts: 12345678, 23456789, 34567890?", ["12345678", "23456789", "34567890"]),
+ ("passport numbers for the trip — mine 123456789, my son's 987654321", ["123456789", "987654321"]),
+ ("phone: 415 555 0134; alt: 415 555 0199", ["415 555 0134", "415 555 0199"]),
+ ("my IBAN changed: old DE00 1234 5678 9012 3456 78, new DE00 8765 4321 0987 6543 21", ["DE00 1234 5678 9012 3456 78", "DE00 8765 4321 0987 6543 21"]),
+ ("tax id 98.7654321", ["98.7654321"]),
+ ("social security: 9 8 7 - 6 5 - 4 3 2 1", ["9 8 7 - 6 5 - 4 3 2 1"]),
+ ("card 4111 - 1111 - 1111 - 1112", ["4111 - 1111 - 1111 - 1112"]),
+ ("SSN 987-65-4321 vs 987-65-4312: which is right?", ["987-65-4321", "987-65-4312"]),
+ ("The SSN I have is 987654321 but the form shows 987654312", ["987654321", "987654312"]),
+ ("Card numbers tried: 4111111111111112; 4000000000000002; 5555555555554440", ["4111111111111112", "4000000000000002", "5555555555554440"]),
+ ("acct 12345678 (checking) & 87654321 (savings)", ["12345678", "87654321"]),
+ ("Phone #s\n415-555-0134\n415-555-0199\n", ["415-555-0134", "415-555-0199"]),
+ ("ssn = \"987654321\"", ["987654321"]),
+ ("data: {ssn: 987654321, card: 4111111111111112}", ["987654321", "4111111111111112"]),
+ ("<tr><td>SSN</td><td>987-65-4321</td></tr>", ["987-65-4321"]),
+ ("SSN,987-65-4321", ["987-65-4321"]),
+ ("ssn..........987654321", ["987654321"]),
+ ("Your SSN (987-65-4321) has been updated to 987-65-4322.", ["987-65-4321", "987-65-4322"]),
 ]
 
 LOOK_ALIKES = [
@@ -223,6 +242,12 @@ LOOK_ALIKES = [
  "commit 9fceb02d0ae598e95dc970b74767f19372d61af8 and tag v1.2.3",
  "ISO 3166-1 alpha-2 and RFC 5322",
  "lat 40.7128, lon -74.0060",
+ "orders: 12345678, 23456789, 34567890",
+ "Phone sales grew 12% to 1234567 units",
+ "The IBAN standard (ISO 13616) allows up to 34 characters",
+ "card stock 300 gsm, 1000 sheets, SKU 123456789",
+ "passport photo size 35x45 mm, fee 130.00",
+ "ssn field length 9; zip length 5",
 ]
 
 

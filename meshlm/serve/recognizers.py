@@ -198,14 +198,14 @@ _PHONE_CONTEXT = re.compile(r"\b(?:phone|tel|telephone|mobile|cell|cellphone|fax
                             r"reach\s+(?:me|us)|ring|contact|number|no\.|ph)\b[^\n\d]{0,20}\Z", re.I)
 _IDENTIFIER_CONTEXT = re.compile(r"(?:#|\b(?:order|invoice|ticket|tracking|ref(?:erence)?|case|po|sku|"
                                 r"serial|account|acct|isbn|id|model|part|batch|lot|build|version|v)\b)"
-                                r"(?:\s*(?:number|no\.?|num|id)\b)?[^\n\d\w]{0,4}(?:is\s+|was\s+|:\s*)?$", re.I)
+                                r"(?:\s*(?:number|no\.?|num|id)\b)?[^\n\d\w]{0,4}(?:is\s+|was\s+|:\s*)?\Z", re.I)
 _DATE_SHAPE = re.compile(r"^\d{1,4}[./-]\d{1,2}[./-]\d{1,4}$")
 
 
 def identifier_before(text: str, start: int) -> bool:
     """An order/ticket/tracking/reference number, or more digit groups right before: an identifier."""
     before = text[max(0, start - 32):start]
-    return bool(_IDENTIFIER_CONTEXT.search(before) or re.search(r"\d[ .-]?$", before))
+    return bool(_IDENTIFIER_CONTEXT.search(before) or re.search(r"\d[ .-]?\Z", before))  # \Z: not before a "\n"
 
 
 def _phone_digits_ok(raw: str, low: int, high: int) -> bool:

@@ -71,7 +71,7 @@ _PIECE = r"[A-Za-z0-9]{0,24}\d[A-Za-z0-9]{0,24}"  # a group of a number, with at
 # A value: groups joined by one separator (a dash or dot may have a space each side: "987 - 65 - 4321"), maybe
 # after a short capital prefix ("WX-445-812-09", "QQ 12 34 56 C") or before one trailing letter.
 _JOIN = r"(?:\)\s?|\s?[.\-–/_]\s?\(?|\s\(?|\s?\()"
-_VALUE = re.compile(rf"(?<![\w+.-])(?:[A-Z]{{1,3}}-(?=\d)|[A-Z]{{2}}\s(?=\d\d\s\d\d\s))?[+(]?{_PIECE}"
+_VALUE = re.compile(rf"(?:(?<![\w+.-])|(?<=\.\.))(?:[A-Z]{{1,3}}-(?=\d)|[A-Z]{{2}}\s(?=\d\d\s\d\d\s))?[+(]?{_PIECE}"
                     rf"(?:{_JOIN}{_PIECE}){{0,24}}\)?"
                     rf"(?:\s[A-D](?![\w-]))?(?![\w-])")
 _IBAN_SHAPE = re.compile(r"(?<![\w+.-])[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,8}(?:[ -]?[A-Z0-9]{1,3})?(?![\w-])", re.I)
@@ -79,6 +79,7 @@ _IBAN_SHAPE = re.compile(r"(?<![\w+.-])[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,8}(?:
 _GAP = re.compile(r"[^\d\n.!?;]{0,32}"
                   r"|[?!.]?[^\w\n.!?;]{0,8}\n[^\d\n.!?;]{0,8}"  # "SSN:\n…", "SSN?\n…", not "ssn,total\n…"
                   r"|[?!.:]\s{0,3}"  # "ssn? 987…", "SSN. 987…"
+                  r"|\s?[._-]{3,40}:?\s{0,3}"  # dot leaders: "SSN.......... 987…"
                   r"|[^\d\n.!?;]{0,24}:[ \t]*\n\s{0,8}")  # "SSN below:\n\n987…"
 # A number shown masked ("***-**-6789", "XXXX XXXX XXXX 4242"): not another value, the label reaches past it.
 _MASKED = re.compile(r"(?<![A-Za-z0-9])(?:[*xX•]{2,}[ .-]?){1,4}\d{0,4}(?![A-Za-z0-9])")
