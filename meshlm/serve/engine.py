@@ -13,6 +13,10 @@ slots every remaining row has as padding are cut from the left. A request joins 
 this way, still fits the model's context (slot index < max_seq_len); otherwise it waits (first come, first
 served). The engine runs in its own thread (torch releases the GIL in its kernels); results reach the asyncio side
 through ``emit`` callbacks.
+
+Failures are per request: whatever belongs to one row (its grammar, bias, sampling, text, callback) runs under a
+guard that fails that row's request alone (``_fail_rows``); a failed prefill fails the requests joining in it.
+Only an error of the batch's own forward fails every active row (``_fail_batch``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
 from meshlm.serve.decode import (RowLogits, TextStream, TokenMask, choice_seed, pick_tokens, prompt_logprobs,
                                  token_logprob)
+from meshlm.serve.memory import trim_heap
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Sampling, TokenLogprob, overloaded
 from meshlm.tokenizer import MeshTokenizer
 
@@ -377,6 +382,7 @@ class BatchEngine:
         if not keep:
             self._cache = []
             self._cursor = 0
+            trim_heap()  # the batch's caches are freed: hand the pages back while nothing decodes
             return
         index = torch.tensor(keep, device=self.device)
         mask = self._mask[index]
@@ -410,6 +416,7 @@ class BatchEngine:
             self._rows = []
             self._cond.notify_all()
         self._cache, self._cursor = [], 0
+        trim_heap()
 
 
 def _kv(k: torch.Tensor, v: torch.Tensor) -> KVCache:

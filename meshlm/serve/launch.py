@@ -95,10 +95,16 @@ def make_loader(opts: ServeOptions, registry=None):
     return load
 
 
+SEND_BUFFER_BYTES = 256 << 10  # per connection (the kernel doubles it for its bookkeeping)
+
+
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Connections inherit it (Linux): a client that stops reading holds at most this much in the kernel (not the
+    # 4 MB autotuning reaches), so its stream backs up into the server's bounded buffer and is cut there.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -38,8 +38,8 @@ from meshlm.tokenizer import MeshTokenizer
 
 PREPARE_BUDGET_S = 10.0  # schema compile + tokenising of one request, waiting for a worker included
 PREPARE_THREADS = 2  # requests of one model prepared at once (a flood of big prompts waits, within its budget)
-MAX_UNREAD_EVENTS = 4096  # a stream's events its client has not taken yet; beyond: the client stopped reading
-MAX_UNREAD_CHARS = 256 << 10  # ... or their text
+MAX_UNREAD_EVENTS = 1024  # a stream's events its client has not taken yet; beyond: the client stopped reading
+MAX_UNREAD_CHARS = 256 << 10  # ... or their text (an event with 20 top log-probs holds a few KB)
 
 
 class Mailbox:
@@ -72,12 +72,13 @@ class LocalHandle:
     """Events of one sequence. Text deltas that arrived together are sent as one (fewer, larger SSE chunks when
     the client or the loop falls behind the engine; token counts are unaffected).
 
-    What a client has not taken yet is bounded: past :data:`MAX_UNREAD_EVENTS` events or :data:`MAX_UNREAD_CHARS`
-    characters the client has stopped reading (a stream whose socket is full): generation stops (``stalled``) and
-    the events end with a 499 ``client_stopped_reading`` error after what was already made."""
+    What a stream's client has not taken yet is bounded (``bounded``; a non-streamed answer is read as it comes):
+    past :data:`MAX_UNREAD_EVENTS` events or :data:`MAX_UNREAD_CHARS` characters the client has stopped reading
+    (its socket is full): generation stops (``stalled``) and the events end with a 499 ``client_stopped_reading``
+    error after what was already made."""
 
-    def __init__(self, engine: BatchEngine, mailbox: Mailbox) -> None:
-        self._engine, self._mailbox = engine, mailbox
+    def __init__(self, engine: BatchEngine, mailbox: Mailbox, bounded: bool = False) -> None:
+        self._engine, self._mailbox, self.bounded = engine, mailbox, bounded
         self.inbox: list[Event] = []
         self.unread_chars = 0
         self.stalled = False
@@ -92,7 +93,7 @@ class LocalHandle:
             return
         self.inbox.append(event)
         self.unread_chars += len(event.text) if isinstance(event, Delta) else 0
-        if len(self.inbox) > MAX_UNREAD_EVENTS or self.unread_chars > MAX_UNREAD_CHARS:
+        if self.bounded and (len(self.inbox) > MAX_UNREAD_EVENTS or self.unread_chars > MAX_UNREAD_CHARS):
             self.stalled = True
             self.cancel()
             self.inbox.append(Failed(ApiError(499, "the client stopped reading the stream; generation stopped",
@@ -181,7 +182,7 @@ class LocalBackend:
         loop = asyncio.get_running_loop()
         if self._mailbox is None or self._mailbox.loop is not loop:
             self._mailbox = Mailbox(loop)
-        handle = LocalHandle(self.engine, self._mailbox)
+        handle = LocalHandle(self.engine, self._mailbox, bounded=job.body.get("stream") is True)
         eos = self.chat_eos if job.kind == "chat" else self.eos
         echo = self._echo_text(job, prompt) if job.sampling.echo else None
         handle.seqs = self.engine.submit_choices(prompt, max_new, job.sampling, eos, handle.put, echo=echo,

@@ -21,9 +21,11 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from meshlm.serve.admin import AdminApi, error_response
+from meshlm.serve.memory import trim_heap
 from meshlm.serve.metrics import Metrics
 from meshlm.serve.operations import add_operations_routes
 from meshlm.serve.protocol import ApiError, Delta, Failed, Finished, Handle, TokenLogprob
@@ -216,11 +218,15 @@ class Server:
             handle = await backend.submit(job)
         except ApiError as error:
             ex.fail(error)
-            if _text_chars(ex.prompt, MAX_REFUSED_PROMPT_CHARS) > MAX_REFUSED_PROMPT_CHARS:  # not worth sanitising
+            big = _text_chars(ex.prompt, MAX_REFUSED_PROMPT_CHARS) > MAX_REFUSED_PROMPT_CHARS
+            if big:  # not worth sanitising: the record says only that it was large
                 ex.prompt = None
                 ex.error = f"{error.message} (its prompt, over {MAX_REFUSED_PROMPT_CHARS} characters, is not recorded)"
             await self._finish(ex)
-            return error_response(error)
+            response = error_response(error)
+            if big:  # once the body is freed (after the response), hand its pages back
+                response.background = BackgroundTask(anyio.to_thread.run_sync, trim_heap)
+            return response
         except Exception as exc:  # a bug: still one audit record, and an error object, not a traceback
             return await self._internal(ex, exc)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
