@@ -174,7 +174,7 @@ def test_safe_prompts_are_encoded_only_readably_and_typos_keep_the_subject():
 # The bytes of a small synthesis and of the red-team rows for a fixed seed, recorded before safety/ was reorganised
 # into plug-ins and data files (and equal at every step since). They may change only with a deliberate change of
 # the synthesis material, the templates or the frames: then record the new digests in the same commit and say why.
-SYNTH_SHA256 = "35b22302b3924329b464a1f9605e857dae7cde822c6e1f57634ddf5db56f521e"
+SYNTH_SHA256 = "fbd6c41ed3187e71dd8f0bbab2d320a87779c6312e2bcae194ae1142ea686d39"
 REDTEAM_SHA256 = "1d06ddd55a81a4f3326740382b3d82aefc3f1f34f67c5d51551f62cfc13f2615"
 
 

@@ -90,6 +90,8 @@ def test_warn_categories_have_varied_cautions_referrals_and_general_information(
         found = material(name, "warn")
         assert len(set(found["cautions"])) >= 6 and len(set(found["referrals"])) >= 6, name
         assert all(infos and all(len(i) > 40 for i in infos) for _, infos in warn_subjects(name)), name
+        several = [e for e in found["subjects"] if e.get("writer") == "helper-h7" and isinstance(e["info"], list)]
+        assert len(several) >= (1 if name == "medical" else 10), name  # several information texts per topic
 
 
 def test_hand_written_near_misses_are_many_and_named():
