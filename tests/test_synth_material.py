@@ -39,7 +39,7 @@ def test_with_enough_rows_every_material_entry_appears():
                        attack_fraction_refuse=0, attack_fraction_answer=0, corpus_questions=0, arithmetic=0,
                        max_refuse_share=1.0)
     examples = synthesize(spec, 5, sizes, documents=DOCS)
-    assert set(_groups(examples, "contrast")) == set(range(n["contrast"]))  # i % len used the first n only
+    assert set(_groups(examples, "contrast")) == set(range(n["contrast"]))
     assert set(_groups(examples, "drugs")) == set(range(len(refuse_subjects("drugs"))))
     assert set(_groups(examples, "medical")) == set(range(len(warn_subjects("medical"))))
 
