@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from meshlm.config.loader import load_config
 from meshlm.distributed.pipeline import split_model
+from meshlm.distributed.teardown import end_rank
 from meshlm.models import build_model, flavor_config, meta_model
 from meshlm.models.init import materialize
 
@@ -67,6 +68,9 @@ def _sharded_worker(rank: int, world: int, port: int, overrides: list[str], resu
                           local_rows=part.output.weight.to_local().shape[0])
     finally:
         dist.destroy_process_group()
+    # gloo's threads outlive the destroyed groups; an interpreter exit can abort the rank (SIGABRT) when one
+    # touches Python during finalization (meshlm/distributed/teardown.py, tests/test_teardown.py)
+    end_rank(0)
 
 
 @pytest.mark.parametrize("world, layout", [

@@ -71,16 +71,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _exit_worker(code: int) -> None:
-    """End a torchrun worker without running C++ static destructors.
+    """End a torchrun worker without interpreter finalization: its gloo threads outlive the destroyed process
+    group and abort the process (SIGABRT) if one touches Python while the interpreter shuts down
+    (meshlm/distributed/teardown.py says why)."""
+    from meshlm.distributed.teardown import end_rank
 
-    Its work is finished and written (files closed, process group destroyed), but occasionally a backend
-    thread object is still joinable when the interpreter tears down, and the process dies with
-    "terminate called without an active exception" (SIGABRT) after a successful run — which the elastic agent
-    reports as a failed rank. Seen about once in 20 multi-rank CPU runs with torch 2.13 + gloo.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_rank(code)
 
 
 if __name__ == "__main__":
