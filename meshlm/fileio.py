@@ -1,4 +1,4 @@
-"""Small file helpers shared by every component: atomic text writes and file checksums."""
+"""Small file helpers shared by every component: atomic text writes, durable renames and file checksums."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make the renames in ``folder`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

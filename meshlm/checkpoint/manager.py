@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from meshlm.checkpoint.write_failure import describe_write_failure
 from meshlm.errors import CheckpointError
-from meshlm.fileio import atomic_write_text, sha256_file
+from meshlm.fileio import atomic_write_text, fsync_dir, sha256_file
 from meshlm.models.init import canonical_name
 
 # Single-process runs save/load without a process group on purpose; DCP warns about that on every call.
@@ -328,20 +328,8 @@ def _put_in_place(tmp: Path, final: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(final, aside)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the renames in ``folder`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_hashed(path: Path, data: bytes) -> dict[str, Any]:
