@@ -97,7 +97,7 @@ def _stages(cfg, run_dir: Path, clock, result: dict) -> int:
         for line in summary.safety_table(report):
             _say(line)
         _say(f"full report: {align_dir / 'report.md'}")
-    registry, audit = (run_dir / "registry.sqlite").resolve(), (run_dir / "audit.sqlite").resolve()
+    registry, audit = run_dir / "registry.sqlite", run_dir / "audit.sqlite"
     with clock.stage("registry", "registry: the final model as a numbered version with its hashes and gates"):
         entry = st.register(align_dir, report, registry, _say)
     result["registry"] = {"ref": entry.ref, "gate_status": entry.gate_status, "weights_sha256": entry.weights_sha256}

@@ -24,7 +24,7 @@ from meshlm.errors import CheckpointError
 # cores: fewer SFT steps and fewer prompts answered by the SFT model for DPO's on-policy pairs. Everything else
 # (spec, data sizes, the `debug` flavour, DPO steps, red team, held-out evaluation, gates) is the default's.
 DEMO_ALIGN: tuple[str, ...] = (
-    "sft.steps=300",             # default 800
+    "sft.steps=300",              # default 800
     "dpo.on_policy_prompts=200",  # default 800
     "dpo.probe_prompts=600",      # default 3000
 )
@@ -35,8 +35,8 @@ SERVER_START_TIMEOUT_S = 300.0  # model load and imports on a busy 2-core machin
 
 
 class StageFailed(Exception):
-    """A stage did not do its job (the server did not start, the request failed, the audit chain is broken); the
-    message says what happened and where to look."""
+    """A stage did not do its job (the server did not start, the request failed); the message says what happened
+    and where to look."""
 
 
 def cli(argv: list[str], say=print) -> int:
