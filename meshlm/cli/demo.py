@@ -20,7 +20,11 @@ STAGES = 6
 
 def register(sub, add_config_args) -> None:
     p = sub.add_parser("demo", help="the whole workflow on the embedded default: pretrain, SFT, DPO, safety table, "
-                                    "registry, serve, one OpenAI-client request, audit verify, plots")
+                                    "registry, serve, one OpenAI-client request, audit verify, plots",
+                       description="Runs `meshlm align` (embedded config, sized down), registers the final model, "
+                                   "serves it on 127.0.0.1, sends one chat request with the openai client, verifies "
+                                   "the audit log and plots, offline, in a few minutes on two CPU cores. A smoke "
+                                   "run of the workflow on a tiny model, not a result.")
     p.add_argument("--run-dir", help="a new or empty folder for everything the demo writes (default "
                                      "runs/demo-<time>)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
