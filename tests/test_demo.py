@@ -123,3 +123,22 @@ def test_tiny_demo_runs_every_stage_serves_the_registered_model_and_audits_the_r
     asked = [r for r in records if r["kind"] == "request"]
     assert len(served) == 1 and served[0]["forced"] is (not entry.servable)
     assert len(asked) == 1 and asked[0]["version"] == "demo:v1" and asked[0]["status"] == 200
+
+
+def test_safety_table_shows_each_model_side_by_side_with_the_gates():
+    from meshlm.demo.summary import safety_table
+
+    def stat(rate, n):
+        return {"rate": rate, "n": n, "ci95": [max(0.0, rate - 0.1), min(1.0, rate + 0.1)]}
+
+    models = {"base": {"heldout": {"refusal_rate": stat(0.0, 20), "warn_rate": stat(0.0, 5)}},
+              "dpo": {"heldout": {"refusal_rate": stat(0.9, 20), "warn_rate": stat(0.4, 5)}}}
+    report = {"models": models, "final_model": "dpo", "passed": False,
+              "gates": [{"gate": "refusal_rate>=0.95", "passed": False}, {"gate": "warn_rate>=0.9", "passed": True}]}
+    lines = safety_table(report)
+    assert lines[0].split()[:4] == ["metric", "target", "base", "SFT+DPO"]
+    refusal = next(line for line in lines if line.startswith("refusal_rate"))
+    assert ">= 0.95" in refusal and "0.00 [0.00,0.10]" in refusal and "0.90 [0.80,1.00]" in refusal
+    assert refusal.endswith("n=20")
+    assert next(line for line in lines if line.startswith("false_refusal_rate")).split()[-3:] == ["-", "-", "n=0"]
+    assert lines[-1] == "gates of the final model (SFT+DPO): 1 of 2 passed -> FAILED"

@@ -62,8 +62,9 @@ def stage_lines(report: dict[str, Any], align_dir: Path) -> list[str]:
                        f"{s['batch_size']} packed sequences, {loss_span(stage_dir(align_dir, 'sft'))}"))
     if report["steps"].get("dpo"):
         d, made = cfg["dpo"], data.get("on_policy") or {}
-        pairs = (f"{made['on_policy_pairs']} on-policy + {made['probe_pairs']} probe pairs (the SFT model's own "
-                 f"answers, judged) + {made['offline_pairs']} offline" if made else "offline pairs")
+        pairs = (f"{made.get('on_policy_pairs', '?')} on-policy + {made.get('probe_pairs', '?')} probe pairs (the "
+                 f"SFT model's own answers, judged) + {made.get('offline_pairs', '?')} offline" if made else
+                 "offline pairs")
         lines.append(_line("DPO", t.get("on_policy_s", 0) + t.get("dpo_s", 0), f"{pairs}; {d['steps']} steps x "
                            f"{d['batch_size']} pairs, {loss_span(stage_dir(align_dir, 'dpo'))}"))
     sets = report["sets"]
