@@ -283,3 +283,13 @@ def test_a_stream_whose_client_stops_reading_is_cut_and_audited_as_delivered(ser
     assert record["client"] == "stopped_reading" and record["status"] == 499, record
     assert record["completion_tokens"] < 8 * 96  # what the connection took, not what was generated
     assert all(len(text) < 96 * 32 for text in record["response"])
+
+
+def test_a_non_streamed_answer_is_not_cut_by_the_stream_bound(served, monkeypatch):
+    from meshlm.serve import local
+
+    monkeypatch.setattr(local, "MAX_UNREAD_EVENTS", 1)  # a streamed answer would be cut at once
+    out = served.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=8,
+                                                  max_tokens=32, temperature=1.0, seed=1)
+    assert len(out.choices) == 8 and all(c.finish_reason in ("stop", "length") for c in out.choices)
+    assert served.audit.records[-1]["status"] == 200 and served.audit.records[-1]["client"] is None

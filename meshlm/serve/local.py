@@ -39,7 +39,7 @@ from meshlm.tokenizer import MeshTokenizer
 PREPARE_BUDGET_S = 10.0  # schema compile + tokenising of one request, waiting for a worker included
 PREPARE_THREADS = 2  # requests of one model prepared at once (a flood of big prompts waits, within its budget)
 MAX_UNREAD_EVENTS = 1024  # a stream's events its client has not taken yet; beyond: the client stopped reading
-MAX_UNREAD_CHARS = 256 << 10  # ... or their text (an event with 20 top log-probs holds a few KB)
+MAX_UNREAD_BYTES = 1 << 20  # ... or their estimated size (a token with 20 top log-probs holds about 5 KB)
 
 
 class Mailbox:
@@ -73,14 +73,14 @@ class LocalHandle:
     the client or the loop falls behind the engine; token counts are unaffected).
 
     What a stream's client has not taken yet is bounded (``bounded``; a non-streamed answer is read as it comes):
-    past :data:`MAX_UNREAD_EVENTS` events or :data:`MAX_UNREAD_CHARS` characters the client has stopped reading
+    past :data:`MAX_UNREAD_EVENTS` events or :data:`MAX_UNREAD_BYTES` (estimated) the client has stopped reading
     (its socket is full): generation stops (``stalled``) and the events end with a 499 ``client_stopped_reading``
     error after what was already made."""
 
     def __init__(self, engine: BatchEngine, mailbox: Mailbox, bounded: bool = False) -> None:
         self._engine, self._mailbox, self.bounded = engine, mailbox, bounded
         self.inbox: list[Event] = []
-        self.unread_chars = 0
+        self.unread_bytes = 0
         self.stalled = False
         self.ready = asyncio.Event()
         self.seqs: list[Sequence] = []
@@ -92,8 +92,8 @@ class LocalHandle:
         if self.stalled:
             return
         self.inbox.append(event)
-        self.unread_chars += len(event.text) if isinstance(event, Delta) else 0
-        if self.bounded and (len(self.inbox) > MAX_UNREAD_EVENTS or self.unread_chars > MAX_UNREAD_CHARS):
+        self.unread_bytes += _size(event)
+        if self.bounded and (len(self.inbox) > MAX_UNREAD_EVENTS or self.unread_bytes > MAX_UNREAD_BYTES):
             self.stalled = True
             self.cancel()
             self.inbox.append(Failed(ApiError(499, "the client stopped reading the stream; generation stopped",
@@ -106,7 +106,7 @@ class LocalHandle:
         while True:
             await self.ready.wait()
             self.ready.clear()
-            batch, self.inbox, self.unread_chars = self.inbox, [], 0
+            batch, self.inbox, self.unread_bytes = self.inbox, [], 0
             for event in _coalesce(batch):
                 yield event
                 running -= isinstance(event, Finished)
@@ -116,6 +116,14 @@ class LocalHandle:
     def cancel(self) -> None:
         for seq in self.seqs:
             self._engine.cancel(seq)
+
+
+def _size(event: Event) -> int:
+    """A Delta's memory, roughly: its text, and per token log-prob an object of ~250 bytes per entry (the chosen
+    token and each top alternative: a str, a bytes tuple, a float, a tuple)."""
+    if not isinstance(event, Delta):
+        return 200
+    return 200 + len(event.text) + sum(250 * (1 + len(t.top)) for t in event.logprobs)
 
 
 def _coalesce(events: list[Event]) -> list[Event]:
