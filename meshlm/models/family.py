@@ -1,23 +1,26 @@
-"""The model family spec: one place for the decoder's module names and what generic code keys by them.
+"""The model family spec: what a family declares, so generic code never names a family's modules itself.
 
-meshlm has one decoder (meshlm/models/llama.py) for the Llama family; Mistral, Qwen2 and Qwen3 are the same
-modules with flags (a sliding window, q/k/v biases, q/k norms; interop/hf_config.py maps them to and from
-``config.json``). Each projection and norm is declared here once, with
+meshlm has one generic decoder (meshlm/models/llama.py) whose block takes flags (a window, q/k/v biases, q/k
+norms, (1 + w) norms, norms after attention and the MLP, GeGLU, scaled embeddings). A family
+(meshlm/models/families/<name>.py) is a :class:`FamilySpec`: its module names, its Hugging Face and llama.cpp
+names and config mappers, its tokenizer kind and whether the packed decode block serves it. Each projection and
+norm is declared once, with
 
 - its tensor-parallel style (column- or row-parallel; distributed/tensor_parallel.py builds the plan from it),
 - its Hugging Face and llama.cpp (GGUF) names (interop/hf.py, interop/peft.py, interop/gguf_names.py),
 - its LoRA target name (``lora.targets``; models/lora.py) and
 - its weight shape from a config (planner/model_spec.py counts parameters from it; models/lora.py too).
 
-A family with other module names is another :class:`FamilySpec`; the generic code reads ``DECODER`` (the only
-one today) rather than naming modules itself. Torch-free: the planner and the config layer import it.
+Readers take the spec from the model's config (``meshlm.models.families.spec_of(cfg)``). ``DECODER`` is the llama
+family's spec, kept for readers that count the llama block (the planner). Torch-free: the planner and the config
+layer import it.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 Parallel = Literal["colwise", "rowwise", "replicated"]
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -66,6 +69,20 @@ class FamilySpec:
     norms: tuple[Norm, ...]
     top_hf: dict[str, str]  # state-dict keys outside the blocks -> HF name
     top_gguf: dict[str, str]  # ... -> llama.cpp name
+    hf_architectures: tuple[str, ...] = ()  # config.json "architectures" this family reads
+    hf_model_types: tuple[str, ...] = ()  # ... and "model_type"
+    # (parsed config.json, its path) -> (ModelConfig, notes for the user); refuses what meshlm cannot run exactly.
+    hf_config_in: Callable[..., Any] | None = None
+    # (ModelConfig, bos_id, eos_ids, pad_id, dtype) -> config.json fields
+    hf_config_out: Callable[..., dict[str, Any]] | None = None
+    gguf_architectures: tuple[str, ...] = ()  # llama.cpp general.architecture values this family reads
+    gguf_interleaved_qk: tuple[str, ...] = ()  # of those, the ones whose q/k rows llama.cpp reorders
+    gguf_norm_offset: float = 0.0  # what llama.cpp's converter adds to every norm weight (Gemma: 1.0)
+    # (GGUF metadata dict, architecture) -> the ModelConfig fields this family sets beyond the common shape keys
+    gguf_config_in: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+    tokenizer: str = "bpe"  # "bpe" (byte-level BPE, HF tokenizer.json) or "sentencepiece" (Gemma)
+    packed_decode: bool = False  # the packed decode block (meshlm/generate/packed.py) computes this family's block
+    flags: dict[str, Any] | None = None  # the ModelConfig flags every model of the family has (checked on load)
 
     def linear(self, target: str) -> Linear:
         return next(lin for lin in self.linears if lin.target == target)
@@ -102,25 +119,31 @@ def _ffn(s: Shapes) -> tuple[int, int]:
     return s.ffn_hidden_dim, s.dim
 
 
-DECODER = FamilySpec(
-    name="llama",  # also mistral, qwen2, qwen3 (flags of the same modules)
-    linears=(
-        Linear("q", "attention.wq", "colwise", "self_attn.q_proj", "attn_q", lambda s: (s.q_size, s.dim), "qkv_bias"),
-        Linear("k", "attention.wk", "colwise", "self_attn.k_proj", "attn_k", lambda s: (s.kv_size, s.dim), "qkv_bias"),
-        Linear("v", "attention.wv", "colwise", "self_attn.v_proj", "attn_v", lambda s: (s.kv_size, s.dim), "qkv_bias"),
-        Linear("o", "attention.wo", "rowwise", "self_attn.o_proj", "attn_output", lambda s: (s.dim, s.q_size)),
-        Linear("gate", "feed_forward.w1", "colwise", "mlp.gate_proj", "ffn_gate", _ffn),
-        Linear("up", "feed_forward.w3", "colwise", "mlp.up_proj", "ffn_up", _ffn),
-        Linear("down", "feed_forward.w2", "rowwise", "mlp.down_proj", "ffn_down", lambda s: (s.dim, s.ffn_hidden_dim)),
-    ),
-    norms=(
-        Norm("attention_norm", "input_layernorm", "attn_norm", lambda s: s.dim),
-        Norm("attention.q_norm", "self_attn.q_norm", "attn_q_norm", lambda s: s.head_dim, "qk_norm"),
-        Norm("attention.k_norm", "self_attn.k_norm", "attn_k_norm", lambda s: s.head_dim, "qk_norm"),
-        Norm("ffn_norm", "post_attention_layernorm", "ffn_norm", lambda s: s.dim),
-    ),
-    top_hf={"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-            "output.weight": "lm_head.weight"},
-    top_gguf={"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
-              "output.weight": "output.weight"},
+# The generic block's projections (meshlm/models/llama.py), with the names Hugging Face and llama.cpp give them in
+# every family meshlm reads so far; a family with other names declares its own.
+LINEARS = (
+    Linear("q", "attention.wq", "colwise", "self_attn.q_proj", "attn_q", lambda s: (s.q_size, s.dim), "qkv_bias"),
+    Linear("k", "attention.wk", "colwise", "self_attn.k_proj", "attn_k", lambda s: (s.kv_size, s.dim), "qkv_bias"),
+    Linear("v", "attention.wv", "colwise", "self_attn.v_proj", "attn_v", lambda s: (s.kv_size, s.dim), "qkv_bias"),
+    Linear("o", "attention.wo", "rowwise", "self_attn.o_proj", "attn_output", lambda s: (s.dim, s.q_size)),
+    Linear("gate", "feed_forward.w1", "colwise", "mlp.gate_proj", "ffn_gate", _ffn),
+    Linear("up", "feed_forward.w3", "colwise", "mlp.up_proj", "ffn_up", _ffn),
+    Linear("down", "feed_forward.w2", "rowwise", "mlp.down_proj", "ffn_down", lambda s: (s.dim, s.ffn_hidden_dim)),
 )
+QK_NORMS = (
+    Norm("attention.q_norm", "self_attn.q_norm", "attn_q_norm", lambda s: s.head_dim, "qk_norm"),
+    Norm("attention.k_norm", "self_attn.k_norm", "attn_k_norm", lambda s: s.head_dim, "qk_norm"),
+)
+TOP_HF = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+          "output.weight": "lm_head.weight"}
+TOP_GGUF = {"tok_embeddings.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+            "output.weight": "output.weight"}
+
+
+def __getattr__(name: str) -> Any:
+    # DECODER: the llama family's spec, defined in its own module (imported lazily: it imports this one).
+    if name == "DECODER":
+        from meshlm.models.families.llama import SPEC
+
+        return SPEC
+    raise AttributeError(f"module 'meshlm.models.family' has no attribute {name!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from meshlm.errors import ConfigError
@@ -32,6 +31,13 @@ FLAVORS: dict[str, dict[str, Any]] = {
     # Mistral 7B v0.3.
     "mistral-7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden_dim=14336, vocab_size=32768,
                        norm_eps=1e-5, rope_theta=1000000.0, max_seq_len=32768),
+    # Gemma 3 270M (its released config.json): the gemma3 family's flags, a window of 512 on five of six layers.
+    "gemma3-270m": dict(family="gemma3", dim=640, n_layers=18, n_heads=4, n_kv_heads=1, head_dim=256,
+                        ffn_hidden_dim=2048, vocab_size=262144, max_seq_len=32768, norm_eps=1e-6,
+                        rope_theta=1000000.0, rope_local_theta=10000.0, sliding_window=512,
+                        layer_kinds=["global" if (i + 1) % 6 == 0 else "sliding" for i in range(18)],
+                        query_pre_attn_scalar=256.0, tie_embeddings=True, qk_norm=True, norm_unit_offset=True,
+                        post_norms=True, mlp_activation="gelu_tanh", scale_embeddings=True),
 }
 
 
@@ -40,7 +46,6 @@ def flavor_config(name: str) -> ModelConfig:
     if name not in FLAVORS:
         raise ConfigError(f"model.flavor: unknown flavour '{name}'{did_you_mean(name, FLAVORS)}; "
                           f"known: {', '.join(FLAVORS)}")
-    base = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    cfg = ModelConfig(**{**base, **FLAVORS[name], "flavor": name})
+    cfg = ModelConfig(**{**FLAVORS[name], "flavor": name})  # every other key at its default
     cfg.validate()
     return cfg
