@@ -135,13 +135,8 @@ class ModelConfig:
             raise ConfigError("model.layer_kinds has sliding layers but model.sliding_window is 0; set the window")
 
     def num_params(self, include_embedding: bool = True) -> int:
-        """Parameter count from the shapes (the model's own count must agree; a test checks it)."""
-        hd, h = self.resolved_head_dim, self.dim
-        q, kv = self.n_heads * hd, self.n_kv_heads * hd
-        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0) + (2 * hd if self.qk_norm else 0)
-        mlp = 3 * h * self.ffn_hidden_dim
-        per_layer = attn + mlp + (4 if self.post_norms else 2) * h  # pre-norms (+ post-norms, Gemma)
-        emb = self.vocab_size * h
-        head = 0 if self.tie_embeddings else self.vocab_size * h
-        total = self.n_layers * per_layer + h + head + (emb if include_embedding else 0)
-        return total
+        """Parameter count from the family spec's declared shapes (meshlm/models/counts.py; the model's own count
+        must agree, a test checks it)."""
+        from meshlm.models.counts import num_params, shape_of
+
+        return num_params(shape_of(self), include_embedding)
