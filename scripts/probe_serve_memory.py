@@ -145,7 +145,7 @@ def main() -> None:
     p.add_argument("--long", action="store_true", help="idle 300 s")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(Path(args.code).resolve()))  # its own fixtures: checkpoints its version can load
     from meshlm.serve.audit_verify import export
     from meshlm.serve.fixtures import random_checkpoints
     from meshlm.serve.registry import Registry
