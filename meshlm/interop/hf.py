@@ -35,7 +35,7 @@ from meshlm.interop.hf_files import (
 from meshlm.interop.hf_tokenizer import hf_tokenizer_config, load_hf_tokenizer, read_meta, tokenizer_meta
 from meshlm.interop.peft import write_peft_adapter
 from meshlm.models.config import CUSTOM_FLAVOR, ModelConfig
-from meshlm.models.family import DECODER
+from meshlm.models.families import family_spec
 from meshlm.models.llama import Transformer
 from meshlm.models.lora import merge_lora
 from meshlm.tokenizer import SPECIAL_TOKENS, MeshTokenizer
@@ -49,10 +49,10 @@ EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.fl
 _DERIVED = re.compile(r"\.rotary_emb\.inv_freq$")
 
 
-def hf_name(name: str) -> str:
-    """The HF name of a meshlm state-dict key, e.g. layers.3.attention.wq.weight -> model.layers.3.self_attn.q_proj.weight
-    (the family spec's names: meshlm/models/family.py)."""
-    return DECODER.external_name(name, "hf")
+def hf_name(name: str, family: str = "llama") -> str:
+    """The HF name of a meshlm state-dict key in ``family`` (the model config's ``family``), e.g.
+    layers.3.attention.wq.weight -> model.layers.3.self_attn.q_proj.weight (meshlm/models/families/)."""
+    return family_spec(family).external_name(name, "hf")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -97,7 +97,7 @@ def _check_tensors(weights: SafetensorsWeights, cfg: ModelConfig) -> dict[str, s
     """meshlm name -> HF name for every expected tensor, each present with the right shape; nothing unknown."""
     names = {}
     for name, shape in expected_shapes(cfg).items():
-        hf = hf_name(name)
+        hf = hf_name(name, cfg.family)
         if hf not in weights.entries:
             raise CheckpointError(f"tensor '{hf}' is missing from the weights; the files do not match "
                                   "config.json (or the download is incomplete)")
@@ -229,7 +229,7 @@ def _export_tensors(model: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype
         if dtype == torch.float16 and torch.isinf(out).any() and not torch.isinf(t).any():
             raise CheckpointError(f"tensor '{name}' has values beyond fp16's range (|x| > 65504, max "
                                   f"{t.abs().max().item():.3g}); export with --dtype bf16 or fp32")
-        tensors[hf_name(name)] = out
+        tensors[hf_name(name, cfg.family)] = out
     return tensors
 
 

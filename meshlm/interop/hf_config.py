@@ -1,6 +1,8 @@
 """Hugging Face ``config.json`` <-> meshlm :class:`~meshlm.models.config.ModelConfig`.
 
-Read side: every field of the ModelConfig is set from the HF config (flavour "debug" is only the base the
+The family whose spec names the architecture (meshlm/models/families/) maps the config: :func:`model_config_from_hf`
+and :func:`hf_config_from_model` dispatch to it. This module holds the llama family's mappers (Llama, Mistral,
+Qwen2, Qwen3). Read side: every field of the ModelConfig is set from the HF config (flavour "debug" is only the base the
 loader starts from), and anything meshlm cannot compute exactly is refused with the key that causes it.
 Write side: the architecture follows the flags (qk_norm -> Qwen3, qkv_bias -> Qwen2, a sliding window -> Mistral,
 else Llama), and the RoPE
@@ -16,25 +18,40 @@ from typing import Any
 
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.models.config import ModelConfig
+from meshlm.models.families import FAMILIES, family_of_hf, family_spec, spec_of
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                 "Qwen3ForCausalLM": "qwen3"}
+
+
+def supported_architectures() -> list[str]:
+    return [arch for name in FAMILIES for arch in family_spec(name).hf_architectures]
+
+
+SUPPORTED_ARCHITECTURES = tuple(supported_architectures())
 
 
 def architecture_of(hf: dict[str, Any], source: Path) -> str:
     """The single supported architecture named by ``architectures`` (or ``model_type``) in config.json."""
     names = hf.get("architectures") or []
-    if not names and hf.get("model_type") in _MODEL_TYPES.values():
-        names = [arch for arch, mtype in _MODEL_TYPES.items() if mtype == hf["model_type"]]
-    if len(names) != 1 or names[0] not in SUPPORTED_ARCHITECTURES:
+    if not names and family_of_hf(hf):
+        spec = family_spec(family_of_hf(hf))
+        names = [spec.hf_architectures[spec.hf_model_types.index(hf["model_type"])]]
+    if len(names) != 1 or names[0] not in supported_architectures():
         raise CheckpointError(f"{source}: unsupported architecture {names or hf.get('model_type')}; meshlm converts "
-                              f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+                              f"{', '.join(supported_architectures())}")
     return names[0]
 
 
 def model_config_from_hf(hf: dict[str, Any], source: Path) -> tuple[ModelConfig, list[str]]:
-    """(the ModelConfig, notes for the user) from a parsed config.json; refuses what meshlm cannot run exactly."""
+    """(the ModelConfig, notes for the user) from a parsed config.json, by the family that reads its architecture;
+    refuses what meshlm cannot run exactly."""
+    architecture_of(hf, source)
+    return family_spec(family_of_hf(hf)).hf_config_in(hf, source)
+
+
+def llama_config_from_hf(hf: dict[str, Any], source: Path) -> tuple[ModelConfig, list[str]]:
+    """The llama family's reader (Llama, Mistral, Qwen2, Qwen3)."""
     arch = architecture_of(hf, source)
     _refuse_unsupported(hf, arch, source)
     dim, n_heads = _req(hf, "hidden_size", source), _req(hf, "num_attention_heads", source)
@@ -152,6 +169,9 @@ def _rope_fields(hf: dict[str, Any], source: Path) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- write side
 def hf_architecture(cfg: ModelConfig) -> str:
+    if cfg.layer_kinds:
+        raise CheckpointError("a per-layer kind list (model.layer_kinds) has no Llama/Mistral/Qwen form in Hugging "
+                              "Face; write the windowed layers as sliding_window + full_attention_layers")
     if cfg.qk_norm and cfg.qkv_bias:
         raise CheckpointError("the model has both qk_norm and qkv_bias; no Hugging Face architecture has exactly "
                               "that (Qwen3 with attention_bias also adds an o_proj bias)")
@@ -167,8 +187,14 @@ def hf_architecture(cfg: ModelConfig) -> str:
 
 def hf_config_from_model(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int] | None,
                          pad_id: int | None, dtype: str = "float32") -> dict[str, Any]:
-    """A config.json that transformers 4.45+ and 5.x load with no custom code; ``dtype`` names the weights'
-    torch dtype (float32, bfloat16, float16)."""
+    """A config.json that transformers 4.45+ and 5.x load with no custom code, written by the model's family;
+    ``dtype`` names the weights' torch dtype (float32, bfloat16, float16)."""
+    return spec_of(cfg).hf_config_out(cfg, bos_id, eos_ids, pad_id, dtype)
+
+
+def llama_config_to_hf(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int] | None, pad_id: int | None,
+                       dtype: str = "float32") -> dict[str, Any]:
+    """The llama family's writer: transformers 4.45+ and 5.x load it."""
     arch = hf_architecture(cfg)
     rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     rope_scaling = None

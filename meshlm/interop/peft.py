@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from meshlm.interop.hf_files import write_json
-from meshlm.models.family import DECODER
+from meshlm.models.families import spec_of
 from meshlm.models.lora import HF_TARGETS, TARGETS, lora_modules
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -24,11 +24,12 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """PEFT key -> tensor for every LoRA layer of ``model`` (a whole, unsharded model)."""
+    """PEFT key -> tensor for every LoRA layer of ``model`` (a whole, unsharded model; its family's HF names)."""
     tensors = {}
+    spec = spec_of(model.cfg)
     for name, module in lora_modules(model).items():
         # e.g. model.layers.0.self_attn.q_proj
-        hf_module = DECODER.external_name(f"{name}.weight", "hf").removesuffix(".weight")
+        hf_module = spec.external_name(f"{name}.weight", "hf").removesuffix(".weight")
         for part in ("lora_A", "lora_B"):
             value = getattr(module, part).detach().to("cpu", torch.float32).contiguous().clone()
             tensors[f"base_model.model.{hf_module}.{part}.weight"] = value

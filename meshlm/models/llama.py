@@ -1,7 +1,8 @@
-"""A Llama-family decoder in pure PyTorch: RMSNorm, RoPE, SwiGLU, grouped-query attention.
+"""The generic decoder in pure PyTorch: RMSNorm, RoPE, a gated MLP, grouped-query attention.
 
-One class covers Llama 2/3/3.1, Mistral, Qwen2 (``qkv_bias``) and Qwen3 (``qk_norm``); they differ only by
-:class:`~meshlm.models.config.ModelConfig` flags. The file has no collectives, no process groups and no
+One class covers every family (meshlm/models/families/): Llama 2/3/3.1, Mistral, Qwen2 (``qkv_bias``), Qwen3
+(``qk_norm``) and Gemma 3 ((1 + w) norms, post-norms, GeGLU, scaled embeddings, a query scalar, sliding and
+global layers with their own RoPE bases); they differ only by :class:`~meshlm.models.config.ModelConfig` flags. The file has no collectives, no process groups and no
 environment reads: tensor, pipeline and data parallelism are applied from outside, keyed by the module names
 below (``wq wk wv wo``, ``w1 w2 w3``, ``layers.<i>``, ``tok_embeddings``, ``norm``, ``output``), which are
 also the names HF conversion maps. Build on the meta device; :meth:`Transformer.param_init` declares how each
@@ -20,91 +21,35 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshlm.errors import ConfigError
 from meshlm.models.config import ModelConfig
-from meshlm.models.fused import apply_rope_fused, rms_norm, rope_tables, use_fast_path
+from meshlm.models.fused import rms_norm, use_fast_path
 from meshlm.models.head import OutputHead
+from meshlm.models.rope import apply_rope, precompute_rope, rope_inv_freq
+
+__all__ = ["KVCache", "ParamInit", "RMSNorm", "Transformer", "TransformerBlock", "apply_rope", "attention_mask",
+           "positions_from_documents", "precompute_rope", "rope_inv_freq"]
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 and cast back (bf16 sums of squares lose too much)."""
+    """Root-mean-square norm, computed in fp32 and cast back (bf16 sums of squares lose too much). With
+    ``unit_offset`` (Gemma) it scales by (1 + w), in fp32 before the cast back, as HF's Gemma3RMSNorm."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, unit_offset: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.unit_offset:
+            normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+            return (normed * (1.0 + self.weight.float())).type_as(x)
         if use_fast_path(x, self.weight):
             return rms_norm(x, self.weight, self.eps)  # the same formula, fewer ops and saved tensors
         # torch's rms_norm: a fused kernel on CUDA; on CPU the same ops as x·rsqrt(mean(x²) + eps) (bitwise equal,
         # checked in tests/test_fast_paths.py). The weight multiplies after the cast back, as in HF's Llama.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return normed.type_as(x) * self.weight
-
-
-# ---------------------------------------------------------------------------------------------------- RoPE
-# Layout: HF "rotate_half". Channel i of a head is paired with channel i + Dh/2 (first half with second half)
-# and the pair is rotated by angle pos * inv_freq[i]. Meta's original checkpoints pair adjacent channels
-# (2i, 2i+1) instead; HF's conversion script permutes wq/wk rows into this layout, so using it here means HF
-# checkpoints load with no permutation. Attention scores are identical in both layouts for matching weights.
-
-def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
-    """Inverse frequencies theta^(-2i/Dh), i < Dh/2, with the Llama-3.1 scaling when configured. (Dh/2,) fp32."""
-    head_dim = cfg.resolved_head_dim
-    # fp32 like Meta's reference and HF, so that angles match the ones the published checkpoints saw.
-    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** exponents)  # (Dh/2,)
-    if cfg.rope_scaling == "llama3":
-        inv_freq = _llama3_scaling(inv_freq, cfg)
-    return inv_freq
-
-
-def _llama3_scaling(inv_freq: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between."""
-    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
-    if factor <= 0 or not high > low:
-        raise ConfigError("model.rope_scaling = 'llama3' needs rope_scaling_factor > 0 and "
-                          f"rope_high_freq_factor > rope_low_freq_factor (got {factor}, {high}, {low})")
-    old_len = cfg.rope_original_max_len
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - low) / (high - low)  # 0 at the low-frequency edge, 1 at the high one
-    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, smoothed)
-    return torch.where(wavelen < old_len / high, inv_freq, scaled)
-
-
-def precompute_rope(cfg: ModelConfig, seq_len: int,
-                    device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of pos * inv_freq for pos < seq_len, each (seq_len, Dh/2) fp32."""
-    inv_freq = rope_inv_freq(cfg, device)  # (Dh/2,)
-    positions = torch.arange(seq_len, device=device, dtype=torch.float32)  # (S,)
-    angles = torch.outer(positions, inv_freq)  # (S, Dh/2)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (x[i], x[i + Dh/2]) by the angles in cos/sin. x: (B, T, H, Dh); cos, sin: half-width (T, Dh/2)
-    shared by the batch or (B, T, Dh/2) per row (explicit position ids, e.g. restarting per packed document), or
-    the full-width tables of :func:`~meshlm.models.fused.rope_tables` ((T, Dh) or (B, T, Dh))."""
-    if cos.shape[-1] * 2 == x.shape[-1]:
-        cos, sin = rope_tables(cos, sin)
-    cos2, sin2 = _broadcast_tables(cos, sin)  # (B|1, T, 1, Dh)
-    if use_fast_path(x):
-        return apply_rope_fused(x, cos2, sin2)
-    xf = x.float()  # rotated in fp32, cast back (no copy when x is fp32)
-    x1, x2 = xf.chunk(2, dim=-1)  # (B, T, H, Dh/2) each
-    # (x1 cos − x2 sin, x2 cos + x1 sin) as two full-width products, x·(cos, cos) + (x2, x1)·(−sin, sin): the same
-    # roundings (negation is exact), half the element-wise ops of four half-width products and their backward.
-    rotated = xf * cos2 + torch.cat((x2, x1), dim=-1) * sin2  # (B, T, H, Dh)
-    return rotated.type_as(x)
-
-
-def _broadcast_tables(cos2: torch.Tensor, sin2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-width (T, Dh) or (B, T, Dh) tables -> (B|1, T, 1, Dh), broadcasting over heads."""
-    if cos2.dim() == 2:
-        cos2, sin2 = cos2[None], sin2[None]
-    return cos2[:, :, None, :], sin2[:, :, None, :]
 
 
 # ------------------------------------------------------------------------------------------------ KV cache
@@ -146,8 +91,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, kv_size, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.dim, kv_size, bias=cfg.qkv_bias)
         self.wo = nn.Linear(q_size, cfg.dim, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps, cfg.norm_unit_offset) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps, cfg.norm_unit_offset) if cfg.qk_norm else None
+        # None: sdpa's default 1 / sqrt(Dh); Gemma scales by query_pre_attn_scalar ** -0.5.
+        self.scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
                 start_pos: int = 0, *, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -167,14 +114,15 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(start_pos, k, v)  # (B, Hkv, S, Dh), S = start_pos + T
         if mask is None:
-            out = _causal_attention(q, k, v)  # (B, H, T, Dh)
+            out = _causal_attention(q, k, v, self.scale)  # (B, H, T, Dh)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
+                                                 scale=self.scale)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(Dh)) v where query t (the last T of S positions) sees keys 0..S-T+t.
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """softmax(q k^T · scale) v (scale None: 1 / sqrt(Dh)) where query t (the last T of S positions) sees keys 0..S-T+t.
 
     q: (B, H, T, Dh); k, v: (B, Hkv, S, Dh). Query head h reads kv head h // (H / Hkv), as HF's repeat_kv
     and sdpa's enable_gqa do, so no repeated copy of k/v is materialised.
@@ -182,13 +130,13 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     T, S = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
     if T == S:  # training or a prefill from position 0: the plain causal mask
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
     if T == 1:  # one decode step: the new token sees every cached position
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, scale=scale)
     # A chunk appended to a non-empty cache. sdpa's is_causal aligns the mask top-left, which would be
     # wrong here, so build the bottom-right aligned one explicitly.
     mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)  # (T, S)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
 
 
 def attention_mask(T: int, S: int, *, window: int = 0, document_ids: torch.Tensor | None = None,
@@ -236,32 +184,54 @@ def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x); w1 is the gate, w3 the up projection, w2 the down projection."""
+    """A gated MLP: w2(act(w1 x) * w3 x); w1 is the gate, w3 the up projection, w2 the down projection. act: silu
+    (SwiGLU) or the tanh-approximated GELU (GeGLU, Gemma)."""
 
-    def __init__(self, dim: int, hidden_dim: int):
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu"):
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.gelu = activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, F) inside, (B, T, D) out
+        gate = self.w1(x)  # (B, T, F)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.w2(gate * self.w3(x))  # (B, T, D)
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: h = x + attn(norm(x)); out = h + ffn(norm(h))."""
+    """Pre-norm block: h = x + attn(norm(x)); out = h + ffn(norm(h)). With ``post_norms`` (Gemma) each branch's
+    output is normed too before its residual add: h = x + norm(attn(norm(x))); out = h + norm(ffn(norm(h)))."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        offset = cfg.norm_unit_offset
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, offset)
         self.attention = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
+        self.post_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, offset) if cfg.post_norms else None
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, offset)
+        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim, cfg.mlp_activation)
+        self.post_ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, offset) if cfg.post_norms else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
                 start_pos: int = 0, *, mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask=mask)  # (B, T, D)
-        return h + self.feed_forward(self.ffn_norm(h))  # (B, T, D)
+        attn = self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask=mask)  # (B, T, D)
+        if self.post_attention_norm is not None:
+            attn = self.post_attention_norm(attn)
+        h = x + attn
+        ffn = self.feed_forward(self.ffn_norm(h))  # (B, T, D)
+        if self.post_ffn_norm is not None:
+            ffn = self.post_ffn_norm(ffn)
+        return h + ffn
+
+
+def _rope_rows(cos: torch.Tensor, sin: torch.Tensor, start_pos: int, T: int,
+               position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table rows of the new tokens: (T, Dh/2) from start_pos, or (B, T, Dh/2) at explicit position ids."""
+    if position_ids is None:
+        return cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]
+    return cos[position_ids], sin[position_ids]
 
 
 # ---------------------------------------------------------------------------------------------------- model
@@ -287,7 +257,7 @@ class Transformer(nn.Module):
         # A dict keyed "0".."L-1" keeps every layer's name (and so its checkpoint keys) stable after a
         # pipeline split deletes the layers that live on other stages.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset)
         self.output = OutputHead(cfg.dim, cfg.vocab_size)
         self.tie_weights()
         # Non-persistent: derived from the config, so not in state_dict; init_buffers recomputes them
@@ -295,6 +265,16 @@ class Transformer(nn.Module):
         cos, sin = precompute_rope(cfg, cfg.max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, Dh/2)
         self.register_buffer("rope_sin", sin, persistent=False)  # (max_seq_len, Dh/2)
+        if self._local_rope:  # sliding layers with their own base (Gemma 3)
+            cos, sin = precompute_rope(cfg, cfg.max_seq_len, local=True)
+            self.register_buffer("rope_cos_local", cos, persistent=False)
+            self.register_buffer("rope_sin_local", sin, persistent=False)
+
+    @property
+    def _local_rope(self) -> bool:
+        cfg = self.cfg
+        return bool(cfg.rope_local_theta) and "sliding" in cfg.resolved_layer_kinds() and \
+            (cfg.rope_local_theta != cfg.rope_theta or cfg.rope_scaling != "none")
 
     def tie_weights(self) -> None:
         """Make output.weight the tok_embeddings.weight object (tied flavours; both present). The engine calls it
@@ -318,7 +298,7 @@ class Transformer(nn.Module):
         """
         cfg = self.cfg
         if name.endswith("norm.weight"):
-            return ParamInit("ones")
+            return ParamInit("zeros" if cfg.norm_unit_offset else "ones")  # (1 + w) norms start at w = 0
         if name.endswith(".bias"):
             return ParamInit("zeros")
         if name == "output.weight" and cfg.tie_embeddings:
@@ -334,6 +314,9 @@ class Transformer(nn.Module):
     def init_buffers(self, device: torch.device | str) -> None:
         """Recompute the RoPE tables (after to_empty(), which leaves buffers uninitialised)."""
         self.rope_cos, self.rope_sin = precompute_rope(self.cfg, self.cfg.max_seq_len, device)
+        if self._local_rope:
+            self.rope_cos_local, self.rope_sin_local = precompute_rope(self.cfg, self.cfg.max_seq_len, device,
+                                                                       local=True)
 
     def forward(self, tokens: torch.Tensor, *, cache: list[KVCache] | None = None, start_pos: int = 0,
                 position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
@@ -357,6 +340,8 @@ class Transformer(nn.Module):
         """
         B, T = tokens.shape[:2]  # from the input: under sequence parallelism h holds only T / tp positions
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens  # (B, T, D)
+        if self.cfg.scale_embeddings and self.tok_embeddings is not None:
+            h = h * torch.tensor(self.cfg.dim ** 0.5, dtype=h.dtype)  # sqrt(D) rounded to h's dtype, as HF's Gemma
         if start_pos + T > self.rope_cos.shape[0]:
             raise ValueError(f"positions up to {start_pos + T} exceed model.max_seq_len = {self.rope_cos.shape[0]}")
         if cache is not None and len(cache) != len(self.layers):
@@ -366,16 +351,14 @@ class Transformer(nn.Module):
                 raise ValueError(f"{name} must be (B, T) = {(B, T)}, got {tuple(ids.shape)}")
         if document_ids is not None and cache is not None:
             raise ValueError("document_ids (packed rows) cannot be combined with a KV cache")
-        if position_ids is None:
-            cos = self.rope_cos[start_pos:start_pos + T]  # (T, Dh/2)
-            sin = self.rope_sin[start_pos:start_pos + T]  # (T, Dh/2)
-        else:
-            cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (B, T, Dh/2)
+        rope = {kind: _rope_rows(cos, sin, start_pos, T, position_ids) for kind, (cos, sin) in self._tables().items()}
         num_keys = start_pos + T if cache is not None else T  # without a cache, attention sees only these T
         if padding_mask is not None and tuple(padding_mask.shape) != (B, num_keys):
             raise ValueError(f"padding_mask must be (B, S) = {(B, num_keys)}, got {tuple(padding_mask.shape)}")
         masks = self._attention_masks(T, num_keys, document_ids, padding_mask, tokens.device)
+        kinds = self.cfg.resolved_layer_kinds()
         for i, (name, layer) in enumerate(self.layers.items()):
+            cos, sin = rope[kinds[int(name)]]
             h = layer(h, cos, sin, cache[i] if cache is not None else None, start_pos, mask=masks[name])  # (B, T, D)
         if self.norm is not None:
             h = self.norm(h)
@@ -384,6 +367,11 @@ class Transformer(nn.Module):
                 raise ValueError("labels need the model's own output head (this module has none, or another)")
             return self.output(h, labels=labels)  # () summed cross-entropy
         return self.output(h) if self.output is not None else h  # (B, T, V) or (B, T, D)
+
+    def _tables(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Layer kind -> its RoPE (cos, sin) tables (max_seq_len, Dh/2)."""
+        local = (self.rope_cos_local, self.rope_sin_local) if self._local_rope else (self.rope_cos, self.rope_sin)
+        return {"global": (self.rope_cos, self.rope_sin), "sliding": local}
 
     def _attention_masks(self, T: int, S: int, document_ids: torch.Tensor | None, key_mask: torch.Tensor | None,
                          device: torch.device) -> dict[str, torch.Tensor | None]:

@@ -101,20 +101,20 @@ def config_from_hf(hf: dict[str, Any], source: Path):
     dim, n_heads, n_layers = (_int(text, k, source) for k in ("hidden_size", "num_attention_heads",
                                                               "num_hidden_layers"))
     kinds = layer_kinds_from_hf(text, n_layers, source)
-    window = int(_get(text, "sliding_window")) if "sliding" in kinds else 0
+    window = int(_get(text, "sliding_window") or 0)  # kept with no sliding layer too: written back as read
     cfg = ModelConfig(
         flavor="custom", family="gemma3", dim=dim, n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=text.get("num_key_value_heads") or n_heads, head_dim=text.get("head_dim") or dim // n_heads,
         ffn_hidden_dim=_int(text, "intermediate_size", source), vocab_size=_int(text, "vocab_size", source),
         max_seq_len=_int(text, "max_position_embeddings", source), norm_eps=float(_get(text, "rms_norm_eps")),
         tie_embeddings=bool(_get(text, "tie_word_embeddings")), init_std=float(_get(text, "initializer_range")),
-        sliding_window=window, layer_kinds=kinds if window else [],
+        sliding_window=window, layer_kinds=kinds,
         query_pre_attn_scalar=float(_get(text, "query_pre_attn_scalar")), **FLAGS, **_rope(text, source))
     try:
         cfg.validate()
     except ConfigError as exc:
         raise CheckpointError(f"{source}: the model shape is not valid for meshlm ({exc})") from None
-    sliding = [i for i, k in enumerate(kinds) if k == "sliding"] if window else []
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding"]
     notes = [f"gemma3: sliding attention window of {window} tokens on {len(sliding)} of {n_layers} layers"] \
         if sliding else []
     return cfg, notes
@@ -137,7 +137,7 @@ def config_to_hf(cfg: Any, bos_id: int | None, eos_ids: list[int] | None, pad_id
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.resolved_head_dim, "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-        "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.resolved_head_dim,
+        "query_pre_attn_scalar": _number(cfg.query_pre_attn_scalar or cfg.resolved_head_dim),
         "sliding_window": cfg.sliding_window or None,
         "layer_types": ["sliding_attention" if k == "sliding" else "full_attention" for k in kinds],
         "rope_theta": cfg.rope_theta, "rope_local_base_freq": cfg.rope_local_theta or cfg.rope_theta,
@@ -150,6 +150,11 @@ def config_to_hf(cfg: Any, bos_id: int | None, eos_ids: list[int] | None, pad_id
         "bos_token_id": bos_id, "eos_token_id": eos, "pad_token_id": pad_id, "use_cache": True,
         "dtype": dtype, "torch_dtype": dtype,
     }
+
+
+def _number(value: float) -> int | float:
+    """An integral value as an int (transformers 5 validates query_pre_attn_scalar as an int)."""
+    return int(value) if float(value).is_integer() else value
 
 
 def config_from_gguf(meta: dict[str, Any], arch: str) -> dict[str, Any]:
