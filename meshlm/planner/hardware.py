@@ -64,6 +64,17 @@ PRESETS: dict[str, Hardware] = {
     "mi300x-192gb": _gpu("mi300x-192gb", 192, 1307e12, 163.4e12, 5300, 300, 400, 0.36),
 }
 NAMES = (*PRESETS, "cpu")
+# A GPU as torch.cuda.get_device_name() names it (a substring, upper case) -> the preset whose declared peak a
+# training run's MFU divides by (the presets' peaks are the one record of them).
+DEVICE_PRESETS = {"A100": "a100-80gb", "H100": "h100-80gb", "H200": "h200-141gb", "MI300X": "mi300x-192gb"}
+
+
+def declared_peak(device_name: str, precision: str) -> tuple[float, str] | None:
+    """(dense peak FLOP/s, the GPU's key) of a GPU named ``device_name`` in ``precision``; None if unknown."""
+    for key, preset in DEVICE_PRESETS.items():
+        if key in device_name.upper():
+            return PRESETS[preset].peak(precision), key
+    return None
 
 
 def machine_memory_gib() -> float:

@@ -1,4 +1,4 @@
-"""The planner's view of a model: shapes only, for Llama-style and GPT-style decoders.
+"""The planner's view of a model: shapes only, for meshlm's decoders and GPT-style ones.
 
 Llama-style is meshlm's own block (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases unless
 ``qkv_bias``); GPT-style is the Megatron/GPT-2 block (LayerNorm with bias, multi-head attention, a 4h GELU MLP
@@ -6,7 +6,7 @@ with biases, learned positions). GPT-style exists only in the planner (meshlm tr
 published GPT results (Megatron, ZeRO) can be checked.
 
 A model comes from a meshlm flavour name, a planner preset (``gpt-*``), a meshlm TOML job config or an HF
-``config.json``.
+``config.json``. Its tensors and its parameter and FLOP counts come from meshlm/models/counts.py.
 """
 
 from __future__ import annotations
@@ -18,26 +18,11 @@ from pathlib import Path
 
 from meshlm.config.loader import load_config
 from meshlm.errors import ConfigError
-from meshlm.models.family import DECODER, Shapes
+from meshlm.models import counts
+from meshlm.models.counts import ModelShape, Tensor
+from meshlm.models.family import Shapes
 from meshlm.models.flavors import FLAVORS, flavor_config
 from meshlm.sections import did_you_mean
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One parameter tensor: its global shape and the dim tensor parallelism shards (None: replicated)."""
-
-    name: str
-    shape: tuple[int, ...]
-    tp_dim: int | None
-    matmul: bool  # a weight multiplied by activations (counted in FLOPs; cast by autocast)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
 
 
 @dataclass(frozen=True, eq=False)  # identity-hashed: the planner caches per-model results
@@ -57,6 +42,9 @@ class ModelSpec:
     tie_embeddings: bool = False
     flash_attention: bool = True  # False: attention scores are materialised (memory and traffic O(s²))
     meshlm_model: dict | None = None  # [model] keys when the model is trainable by meshlm
+    family: str = "llama"  # the model family (meshlm/models/families) whose declared tensors are counted
+    flags: frozenset[str] = frozenset()  # the family's config flags that are on, beyond qkv_bias / qk_norm
+    windows: tuple[int, ...] = ()  # attention window per layer (0: full attention); empty: every layer full
 
     def __post_init__(self) -> None:
         for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"):
@@ -84,67 +72,43 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.n_kv_heads * self.hd
 
+    def count_shape(self) -> ModelShape:
+        """The shape meshlm/models/counts.py counts parameters and FLOPs from."""
+        cached = self.__dict__.get("_count_shape")
+        if cached is None:
+            flags = self.flags | {name for name in ("qkv_bias", "qk_norm") if getattr(self, name)}
+            cached = ModelShape("gpt" if self.arch == "gpt" else self.family, self.dim, self.n_layers, self.n_heads,
+                                self.n_kv_heads, self.hd, self.ffn_hidden_dim, self.vocab_size, self.tie_embeddings,
+                                frozenset(flags), self.windows, self.max_seq_len if self.arch == "gpt" else 0)
+            self.__dict__["_count_shape"] = cached  # frozen dataclass: cache through __dict__
+        return cached
+
     def block_tensors(self) -> tuple[Tensor, ...]:
         """One transformer block's parameters, in the engine's module order (FSDP unit = one block)."""
         cached = self.__dict__.get("_block_tensors")
         if cached is None:
-            cached = tuple(self._block_tensors())
-            self.__dict__["_block_tensors"] = cached  # frozen dataclass: cache through __dict__
+            cached = counts.block_tensors(self.count_shape())
+            self.__dict__["_block_tensors"] = cached
         return cached
-
-    def _block_tensors(self) -> list[Tensor]:
-        h, q, f = self.dim, self.q_size, self.ffn_hidden_dim
-        if self.arch == "gpt":  # Megatron: fused qkv column-parallel, biases of row-parallel layers replicated
-            return [Tensor("ln_1.weight", (h,), None, False), Tensor("ln_1.bias", (h,), None, False),
-                    Tensor("attn.qkv.weight", (3 * q, h), 0, True), Tensor("attn.qkv.bias", (3 * q,), 0, False),
-                    Tensor("attn.proj.weight", (h, q), 1, True), Tensor("attn.proj.bias", (h,), None, False),
-                    Tensor("ln_2.weight", (h,), None, False), Tensor("ln_2.bias", (h,), None, False),
-                    Tensor("mlp.fc.weight", (f, h), 0, True), Tensor("mlp.fc.bias", (f,), 0, False),
-                    Tensor("mlp.proj.weight", (h, f), 1, True), Tensor("mlp.proj.bias", (h,), None, False)]
-        return list(self._decoder_tensors())
 
     def shapes(self) -> Shapes:
         """The sizes the family spec's tensor shapes are made of."""
-        return Shapes(self.dim, self.q_size, self.kv_size, self.hd, self.ffn_hidden_dim)
-
-    def _decoder_tensors(self):
-        """The block of meshlm's decoder, from its family spec (meshlm/models/family.py)."""
-        shapes = self.shapes()
-        flags = {"": True, "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
-        for norm in DECODER.norms:
-            if flags[norm.flag]:
-                yield Tensor(f"{norm.module}.weight", (norm.size(shapes),), None, False)
-        for lin in DECODER.linears:
-            out_features, in_features = lin.shape(shapes)
-            tp_dim = {"colwise": 0, "rowwise": 1}.get(lin.parallel)
-            yield Tensor(f"{lin.module}.weight", (out_features, in_features), tp_dim, True)
-            if lin.bias_flag and flags[lin.bias_flag]:
-                yield Tensor(f"{lin.module}.bias", (out_features,), 0 if lin.parallel == "colwise" else None, False)
+        return self.count_shape().shapes
 
     def embedding_tensors(self) -> list[Tensor]:
         """Parameters of the first pipeline stage outside the blocks."""
-        out = [Tensor("tok_embeddings.weight", (self.vocab_size, self.dim), 0, False)]
-        if self.arch == "gpt":
-            out.append(Tensor("pos_embeddings.weight", (self.max_seq_len, self.dim), None, False))
-        return out
+        return list(counts.embedding_tensors(self.count_shape()))
 
     def head_tensors(self) -> list[Tensor]:
         """Parameters of the last pipeline stage outside the blocks (final norm, untied output head)."""
-        out = [Tensor("norm.weight", (self.dim,), None, False)]
-        if self.arch == "gpt":
-            out.append(Tensor("norm.bias", (self.dim,), None, False))
-        if not self.tie_embeddings:
-            out.append(Tensor("output.weight", (self.vocab_size, self.dim), 0, True))
-        return out
+        return list(counts.head_tensors(self.count_shape()))
 
     def num_params(self) -> int:
-        block = sum(t.numel for t in self.block_tensors())
-        return self.n_layers * block + sum(t.numel for t in self.embedding_tensors() + self.head_tensors())
+        return counts.num_params(self.count_shape())
 
     def matmul_params(self) -> int:
         """Weights multiplied per token (blocks + output head, tied or not): 2 FLOPs each forward."""
-        block = sum(t.numel for t in self.block_tensors() if t.matmul)
-        return self.n_layers * block + self.vocab_size * self.dim
+        return counts.matmul_params(self.count_shape())
 
     def describe(self) -> str:
         kind = "Llama-style" if self.arch == "llama" else "GPT-style"
@@ -177,45 +141,39 @@ GPT_PRESETS: dict[str, ModelSpec] = {
     "gpt-1t": gpt("gpt-1t", 25600, 128, 160),
 }
 
-_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden_dim", "vocab_size",
-               "max_seq_len", "qkv_bias", "qk_norm", "tie_embeddings")
-
-
 def from_model_config(cfg, name: str | None = None) -> ModelSpec:
-    """From a meshlm :class:`~meshlm.models.config.ModelConfig`."""
+    """From a meshlm :class:`~meshlm.models.config.ModelConfig` (any registered family)."""
     model_keys = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    shape = counts.shape_of(cfg)
     return ModelSpec(name or cfg.flavor, "llama", cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                      cfg.ffn_hidden_dim, cfg.vocab_size, cfg.max_seq_len, cfg.head_dim, cfg.qkv_bias, cfg.qk_norm,
-                     cfg.tie_embeddings, meshlm_model=model_keys)
+                     cfg.tie_embeddings, meshlm_model=model_keys, family=shape.family, flags=shape.flags,
+                     windows=shape.windows)
 
 
 def from_hf_config(path: Path) -> ModelSpec:
-    """From an HF ``config.json``: Llama/Mistral/Qwen2-like (``intermediate_size``) or GPT-2-like (``n_embd``)."""
+    """From an HF ``config.json``: what meshlm converts (read by meshlm/interop/hf_config.py, which refuses what
+    the converter refuses), or GPT-2-like (``n_embd``), which exists only in the planner."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--model {path}: cannot read an HF config.json ({exc})") from None
     name = Path(path).parent.name or Path(path).stem
-    try:
-        if "n_embd" in raw:  # GPT-2 family
+    if isinstance(raw, dict) and "n_embd" in raw:  # GPT-2 family
+        try:
             h = int(raw["n_embd"])
             return ModelSpec(name, "gpt", h, int(raw["n_layer"]), int(raw["n_head"]), int(raw["n_head"]),
                              int(raw.get("n_inner") or 4 * h), int(raw["vocab_size"]),
                              int(raw.get("n_positions", 1024)),
                              tie_embeddings=bool(raw.get("tie_word_embeddings", True)))
-        heads = int(raw["num_attention_heads"])
-        model = dict(dim=int(raw["hidden_size"]), n_layers=int(raw["num_hidden_layers"]), n_heads=heads,
-                     n_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                     head_dim=int(raw.get("head_dim") or 0), ffn_hidden_dim=int(raw["intermediate_size"]),
-                     vocab_size=int(raw["vocab_size"]), max_seq_len=int(raw.get("max_position_embeddings", 4096)),
-                     qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
-                     qk_norm=raw.get("model_type") == "qwen3",
-                     tie_embeddings=bool(raw.get("tie_word_embeddings", False)))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"--model {path}: not a Llama- or GPT-style HF config (missing or bad {exc})") from None
-    if model["head_dim"] == model["dim"] // heads:
-        model["head_dim"] = 0
-    return ModelSpec(name, "llama", **model, meshlm_model={"flavor": "debug", **model})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"--model {path}: not a GPT-2-style HF config (missing or bad {exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--model {path}: an HF config.json holds a JSON object")
+    from meshlm.interop.hf_config import model_config_from_hf
+
+    cfg, _ = model_config_from_hf(raw, Path(path))
+    return from_model_config(cfg, name)
 
 
 def from_toml(path: Path) -> ModelSpec:

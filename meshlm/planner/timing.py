@@ -32,12 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from meshlm.models.family import DECODER
+from meshlm.models import counts
+from meshlm.models.families import family_spec
 from meshlm.planner.activations import micro_batch
 from meshlm.planner.collectives import Collective, step_collectives, steps_per_optimizer_step
 from meshlm.planner.hardware import Hardware
 from meshlm.planner.layout import Layout, Training
-from meshlm.planner.memory import rank_stages
+from meshlm.planner.memory import _layer_ranges, rank_stages
 from meshlm.planner.model_spec import ModelSpec
 
 INNER_ORDER = ("tp", "dp_shard", "dp_replicate", "pp")
@@ -126,8 +127,8 @@ def lora_adapter_params(spec: ModelSpec, training: Training) -> int:
     """Adapter weights of one block (A: r x in, B: out x r per target); 0 without LoRA."""
     if not training.lora_rank:
         return 0
-    shapes = spec.shapes()
-    return sum(training.lora_rank * sum(DECODER.linear(t).shape(shapes)) for t in training.lora_targets)
+    shapes, family = spec.shapes(), family_spec(spec.family)
+    return sum(training.lora_rank * sum(family.linear(t).shape(shapes)) for t in training.lora_targets)
 
 
 def _weight_passes(training: Training) -> int:
@@ -158,31 +159,38 @@ def rank_flops(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int
 
     Per token and layer: 2 FLOPs per weight forward, as many for the input gradient, as many again for the weight
     gradient of weights that train (all of them, or none of the base under LoRA, whose adapters train: 6 per
-    adapter weight); attention's scores and values 4·s·q forward, three times that trained. A frozen forward (a
-    DPO reference) adds one forward per sequence; full recompute one more forward of the blocks (hardware
-    FLOPs only)."""
+    adapter weight); attention's scores and values (meshlm/models/counts.py: 4·q_size per attended key, the
+    layer's window or the sequence) forward, three times that trained. A frozen forward (a DPO reference) adds
+    one forward per sequence; full recompute one more forward of the blocks (hardware FLOPs only)."""
     s, t = training.seq_len, layout.tp
     tokens = micro_batch(layout, training) * s * steps_per_optimizer_step(layout, training) * training.sequences_per_row
-    block_weights = 2 * sum(x.numel for x in spec.block_tensors() if x.matmul) / t  # forward, per token
-    attention = 4 * s * spec.q_size / t
+    block_weights = 2 * counts.block_matmul_params(spec.count_shape()) / t  # forward, per token
     adapters = 2 * lora_adapter_params(spec, training) / t
     head = 2 * spec.vocab_size * spec.dim / t
     passes = _weight_passes(training)
     model = hw = 0.0
     for st in rank_stages(spec, layout, pp_rank):
         last = st.index == layout.num_stages - 1
-        trained = st.layers * (passes * block_weights + 3 * attention + 3 * adapters) + (passes * head if last else 0)
-        frozen = training.frozen_forwards * (st.layers * (block_weights + attention) + (head if last else 0))
+        attention = _stage_attention(spec, layout, st.index, s) / t  # forward, per token, the stage's layers
+        trained = st.layers * (passes * block_weights + 3 * adapters) + 3 * attention + (passes * head if last else 0)
+        frozen = training.frozen_forwards * (st.layers * block_weights + attention + (head if last else 0))
         model += (trained + frozen) * tokens
         hw += (trained + frozen) * tokens
         if layout.activation_checkpointing == "full":
-            hw += st.layers * (block_weights + attention + adapters) * tokens
+            hw += (st.layers * (block_weights + adapters) + attention) * tokens
     return hw, model
 
 
+def _stage_attention(spec: ModelSpec, layout: Layout, stage: int, seq_len: int) -> float:
+    """Attention's forward FLOPs per token over the layers of pipeline stage ``stage``."""
+    sizes = _layer_ranges(spec.n_layers, layout.num_stages)
+    start = sum(sizes[:stage])
+    return counts.attention_flops_per_token(spec.count_shape(), seq_len, range(start, start + sizes[stage]))
+
+
 def model_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """6 per matmul weight + 12·L·s·(heads·head_dim) for attention (forward + backward, no recompute)."""
-    return 6.0 * spec.matmul_params() + 12.0 * spec.n_layers * seq_len * spec.q_size
+    """Training FLOPs per token, forward + backward, no recompute (meshlm/models/counts.py)."""
+    return counts.model_flops_per_token(spec.count_shape(), seq_len)
 
 
 def bubble_fraction(layout: Layout) -> float:
@@ -252,9 +260,9 @@ def _optimizer_time(spec: ModelSpec, layout: Layout, training: Training, hw: Har
 def _recompute_share(spec: ModelSpec, training: Training, layout: Layout) -> float:
     if layout.activation_checkpointing != "full":
         return 0.0
-    s = training.seq_len
-    block_fwd = 2 * sum(x.numel for x in spec.block_tensors() if x.matmul) + 4 * s * spec.q_size
-    return spec.n_layers * block_fwd / model_flops_per_token(spec, s)
+    s, shape = training.seq_len, spec.count_shape()
+    blocks_fwd = 2 * spec.n_layers * counts.block_matmul_params(shape) + counts.attention_flops_per_token(shape, s)
+    return blocks_fwd / model_flops_per_token(spec, s)
 
 
 def _unhidden_dp(colls: list[Collective], layout: Layout, hw: Hardware) -> float:

@@ -8,25 +8,15 @@ import time
 import torch
 from torch import nn
 
+from meshlm.models import counts
 from meshlm.models.config import ModelConfig
-
-# Dense peak FLOP/s per GPU by precision (vendor datasheets, no sparsity).
-GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "MI300X": {"bf16": 1307e12, "fp16": 1307e12, "fp32": 163.4e12},
-}
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6 per matmul weight (forward + backward) plus causal-free attention
-    scores 12·L·(heads·head_dim)·seq (Kaplan et al. 2020; PaLM appendix B). Recompute is not counted (MFU)."""
-    matmul_params = cfg.num_params(include_embedding=False)
-    if cfg.tie_embeddings:  # the head still multiplies by the (shared) embedding matrix
-        matmul_params += cfg.vocab_size * cfg.dim
-    attn = 12 * cfg.n_layers * cfg.n_heads * cfg.resolved_head_dim * seq_len
-    return 6.0 * matmul_params + attn
+    """Training FLOPs per token of a meshlm model: 6 per matmul weight (forward + backward) plus attention's
+    scores and values over each layer's context (meshlm/models/counts.py, the one count the planner uses too).
+    Recompute is not counted (MFU)."""
+    return counts.model_flops_per_token(counts.shape_of(cfg), seq_len)
 
 
 def module_flops_per_token(model: nn.Module) -> float:
@@ -103,9 +93,11 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
 def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
     """(peak FLOP/s per rank, where it came from) for MFU."""
     if device.type == "cuda":
+        from meshlm.planner.hardware import declared_peak
+
         name = torch.cuda.get_device_name(device)
-        for key, table in GPU_PEAK_FLOPS.items():
-            if key in name.upper():
-                return table[precision], f"declared peak of {key}"
+        declared = declared_peak(name, precision)
+        if declared is not None:
+            return declared[0], f"declared peak of {declared[1]}"
         return float("nan"), f"unknown GPU '{name}' (no declared peak; MFU not reported)"
     return cpu_peak_flops(precision)
