@@ -80,6 +80,9 @@ def validity(spec: ModelSpec, layout: Layout, training: Training) -> str:
     local = training.global_batch // layout.dp
     if layout.pp > 1 and (layout.microbatches < 1 or local % layout.microbatches):
         return f"{local} sequences per data-parallel rank do not split into {layout.microbatches} micro-batches"
+    if layout.pp > 1 and layout.micro_batch_size and layout.microbatches * layout.micro_batch_size != local:
+        return (f"under pipelining a micro-batch is the {local} sequences per data-parallel rank / "
+                f"{layout.microbatches} micro-batches, not micro_batch_size {layout.micro_batch_size}")
     if layout.pp == 1 and layout.micro_batch_size and local % layout.micro_batch_size:
         return f"{local} sequences per rank are not a multiple of micro-batch size {layout.micro_batch_size}"
     return ""
@@ -203,8 +206,10 @@ def _variants(base: Layout, training: Training, fix: dict[str, Any]) -> Iterator
     local = max(training.global_batch // base.dp, 1)
     acs = [fix["activation_checkpointing"]] if "activation_checkpointing" in fix else list(AC_MODES)
     for micro in _micro_options(local, base.pp):
-        if base.pp > 1:
-            layout = replace(base, microbatches=fix.get("microbatches", micro))
+        if base.pp > 1:  # a pinned micro-batch size fixes the micro-batch count: local / size
+            size = fix.get("micro_batch_size", 0)
+            layout = replace(base, microbatches=fix.get("microbatches", max(local // size, 1) if size else micro),
+                             micro_batch_size=size)
         else:
             layout = replace(base, micro_batch_size=fix.get("micro_batch_size", micro))
         yield [replace(layout, activation_checkpointing=ac) for ac in acs]
