@@ -202,8 +202,8 @@ def main() -> None:
         print(json.dumps(report, indent=1))
         return
     b, s = report["big_prompt"], report["slow_readers"]
-    print(f"RSS: baseline {report['rss_baseline_mb']} MB, peak {report['rss_peak_mb']} MB, after {report['idle_s']:g} s "
-          f"idle {report['rss_after_idle_mb']} MB (malloc_trim {report['malloc_trim']})")
+    print(f"RSS: baseline {report['rss_baseline_mb']} MB, peak {report['rss_peak_mb']} MB, after "
+          f"{report['idle_s']:g} s idle {report['rss_after_idle_mb']} MB (malloc_trim {report['malloc_trim']})")
     print(f"big prompt ({b['prompt_mb']} MB): {b['outcome']} in {b['big_request_s']} s; peak {b['rss_peak_mb']} MB; "
           f"{b['neighbour_requests']} small requests meanwhile, max {b['neighbour_max_s']} s, median "
           f"{b['neighbour_median_s']} s")

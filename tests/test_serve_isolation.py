@@ -18,7 +18,6 @@ import pytest
 from meshlm.generate import generate
 from meshlm.serve.engine import BatchEngine
 from meshlm.serve.fixtures import random_checkpoints
-from meshlm.serve.grammar import GrammarMask
 from meshlm.serve.protocol import Failed, Finished, Sampling
 from meshlm.serve.registry import Registry
 from tests.test_generate import tiny_model
