@@ -292,3 +292,17 @@ def test_a_non_streamed_answer_is_not_cut_by_the_stream_bound(served, monkeypatc
                                                   max_tokens=32, temperature=1.0, seed=1)
     assert len(out.choices) == 8 and all(c.finish_reason in ("stop", "length") for c in out.choices)
     assert served.audit.records[-1]["status"] == 200 and served.audit.records[-1]["client"] is None
+
+
+def test_preparing_past_its_budget_is_a_503(served, monkeypatch):
+    from meshlm.serve import local
+
+    monkeypatch.setattr(local, "PREPARE_BUDGET_S", 0.0)  # no time at all: the compile and tokenising are abandoned
+    with pytest.raises(openai.InternalServerError) as err:
+        served.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4)
+    assert err.value.status_code == 503 and err.value.body["code"] == "prepare_budget_exceeded"
+    monkeypatch.undo()
+    out = served.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=4)  # the abandoned worker left its slot
+    assert out.choices[0].finish_reason in ("stop", "length")

@@ -73,7 +73,8 @@ class Exchange:
     failure: ApiError | None = None  # the backend's error event (its status and code reach the client)
 
     def deliver(self, index: int, tokens: int, text: str) -> None:
-        self.delivered[index] = self.delivered.get(index, 0) + tokens
+        if tokens:  # a gateway's deltas carry no counts: its early-ended streams record text, not a count
+            self.delivered[index] = self.delivered.get(index, 0) + tokens
         self.shown.setdefault(index, []).append(text)
 
     def deliver_end(self, index: int) -> None:
@@ -102,7 +103,8 @@ class Exchange:
         response = (texts[0] if self.n == 1 else texts) if fin or self.texts else None
         if self.stream and self.client is not None:  # the client left or stopped reading: what it was given
             shown = ["".join(self.shown.get(i, [])) for i in range(self.n)]
-            completion, response = sum(self.delivered.values()), shown[0] if self.n == 1 else shown
+            completion = sum(self.delivered.values()) if self.delivered else None
+            response = shown[0] if self.n == 1 else shown
         return {"kind": "request", "time": self.started, "request_id": self.request_id, "version": self.version,
                 "user_hash": self.user_hash, "endpoint": self.path, "model": self.model, "stream": self.stream,
                 "prompt": self.prompt, "response": response,
