@@ -1,8 +1,8 @@
 """`meshlm plan` and the planner library predict alike: Megatron's Table 1 (tests/test_planner.py) calibrated and
 predicted through the CLI (`--efficiency`, `--fix`, `--json`, in-process) gives the library's efficiency and the
 library's figure for every row. Until pinning `micro_batch_size` meant the same under pipelining, the CLI ran the
-pipelined rows with as many micro-batches as stages (the library: one sequence per micro-batch), and the 530B
-row came out −46%."""
+pipelined rows with as many micro-batches as stages (the library: one sequence per micro-batch), 28–43% below
+the library's figures."""
 
 from __future__ import annotations
 

@@ -37,8 +37,9 @@ def register(sub, add_config_args) -> None:
                                                               "$MESHLM_CACHE/planner-calibration.json: training "
                                                               "runs' own predictions use it)")
     p.add_argument("--fix", default="", metavar="K=V,...",
-                   help="pin layout keys, e.g. tp=8,pp=4,dp_shard=2,pp_schedule=1f1b,microbatches=16,ac=full; "
-                        "never refuses: reports that layout, feasible or not")
+                   help="pin layout keys, e.g. tp=8,pp=4,dp_shard=2,pp_schedule=1f1b,microbatches=16,ac=full "
+                        "(micro_batch_size=B under pp > 1: local batch / B micro-batches); never refuses: reports "
+                        "that layout, feasible or not")
     hw = p.add_argument_group("hardware overrides")
     hw.add_argument("--memory-gib", type=float, help="device memory")
     hw.add_argument("--peak-tflops", type=float, help="dense bf16/fp16 peak per device, TFLOP/s")
