@@ -63,3 +63,15 @@ def test_pinned_micro_batch_size_sets_the_pipeline_micro_batches(capfd):
     assert result.returncode == 0, result.stderr
     rec = json.loads(capfd.readouterr().out)["recommended"]
     assert not rec["feasible"] and "not micro_batch_size 2" in rec["reason"]
+
+
+def test_plan_counts_a_gemma3_model_as_its_config_does(capfd):
+    """A Gemma 3 flavour: the plan's parameter count is the config's (four norms and q/k norms per block, the
+    tied head once), and its family is named."""
+    from meshlm.models import flavor_config
+
+    result = meshlm_in_process("plan", "--model", "gemma3-270m", "--gpus", "2", "--gpu", "h100-80gb", "--seq", "1024",
+                               "--global-batch-seqs", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    model = json.loads(capfd.readouterr().out)["model"]
+    assert model["family"] == "gemma3" and model["params"] == flavor_config("gemma3-270m").num_params()

@@ -149,9 +149,14 @@ def block_matmul_params(shape: ModelShape) -> int:
     return _numel(block_tensors(shape), matmul_only=True)
 
 
+def head_matmul_params(shape: ModelShape) -> int:
+    """Weights the output head multiplies per token (the embedding's, when tied)."""
+    return shape.vocab_size * shape.dim
+
+
 def matmul_params(shape: ModelShape) -> int:
     """Weights multiplied per token: every block's and the output head's (tied or not)."""
-    return shape.n_layers * block_matmul_params(shape) + shape.vocab_size * shape.dim
+    return shape.n_layers * block_matmul_params(shape) + head_matmul_params(shape)
 
 
 def attention_context(shape: ModelShape, seq_len: int, layers: Iterable[int] | None = None) -> int:

@@ -166,7 +166,7 @@ def rank_flops(spec: ModelSpec, layout: Layout, training: Training, pp_rank: int
     tokens = micro_batch(layout, training) * s * steps_per_optimizer_step(layout, training) * training.sequences_per_row
     block_weights = 2 * counts.block_matmul_params(spec.count_shape()) / t  # forward, per token
     adapters = 2 * lora_adapter_params(spec, training) / t
-    head = 2 * spec.vocab_size * spec.dim / t
+    head = 2 * counts.head_matmul_params(spec.count_shape()) / t
     passes = _weight_passes(training)
     model = hw = 0.0
     for st in rank_stages(spec, layout, pp_rank):
