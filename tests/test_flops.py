@@ -9,12 +9,11 @@ import dataclasses
 import pytest
 from torch import nn
 
-from meshlm.models import FLAVORS, flavor_config
-from meshlm.models import counts
+from meshlm.models import FLAVORS, counts, flavor_config
 from meshlm.models.build import meta_model
+from meshlm.planner import timing
 from meshlm.planner.hardware import PRESETS, declared_peak
 from meshlm.planner.model_spec import from_model_config
-from meshlm.planner import timing
 from meshlm.train.flops import model_flops_per_token
 
 
