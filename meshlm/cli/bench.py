@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 from meshlm.cli.jsonout import emit
-from meshlm.models.family import DECODER
+from meshlm.models.family import LINEARS
 
-LORA_TARGETS = DECODER.lora_targets  # from the torch-free family spec: the parser must not import torch
+LORA_TARGETS = tuple(lin.target for lin in LINEARS)  # the torch-free family module: the parser must not import torch
 
 
 def register(sub, add_config_args) -> None:

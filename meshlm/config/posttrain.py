@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshlm.errors import ConfigError
-from meshlm.models.family import DECODER
+from meshlm.models.family import LINEARS
 from meshlm.sections import option
 
 # The DPO family's loss types, listed once (objectives/losses.py dispatches on them), with the β each defaults to
 DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "hinge": 0.1, "orpo": 0.1, "kto": 0.1}
 LOSS_TYPES = tuple(DEFAULT_BETA)
-LORA_TARGETS = DECODER.lora_targets  # the family spec's projections (meshlm/models/family.py)
+LORA_TARGETS = tuple(lin.target for lin in LINEARS)  # the generic block's projections (meshlm/models/family.py)
 
 
 @dataclass

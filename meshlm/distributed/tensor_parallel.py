@@ -1,7 +1,7 @@
 """Megatron-style tensor parallelism with DTensor, keyed by the model's module names.
 
 Per block: wq/wk/wv and w1/w3 are column-parallel (each rank owns whole heads / a slice of the SwiGLU width),
-wo and w2 row-parallel, as the family spec declares them (meshlm/models/family.py). Without sequence
+wo and w2 row-parallel, as the model's family spec declares them (meshlm/models/families/). Without sequence
 parallelism the block input is replicated and each row-parallel output is all-reduced. With sequence parallelism the norms and residual stream are sharded along the sequence; the
 all-reduce becomes an all-gather before attention/FFN and a reduce-scatter after (same total volume, norm
 activations 1/tp as large). With loss parallelism the output head keeps logits sharded along the vocabulary
@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshlm.models.family import DECODER
+from meshlm.models.families import spec_of
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool,
@@ -62,10 +62,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     # serves the head as is: tie them again; their gradients then accumulate into the one parameter.
     model.tie_weights()
 
+    linears = spec_of(model.cfg).linears
     for block in model.layers.values():
         plan: dict[str, object] = {  # row-parallel outputs go back to the residual stream's layout
             lin.module: ColwiseParallel() if lin.parallel == "colwise" else RowwiseParallel(output_layouts=residual)
-            for lin in DECODER.linears}
+            for lin in linears}
         if block.attention.q_norm is not None:
             # Qwen3's q/k norms: one (Dh,) weight shared by all heads, while each rank holds only its heads of
             # (B, T, H, Dh). As Replicate DTensors applied to a head-sharded (Shard(2)) input, their gradients are
@@ -76,6 +77,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
             plan.update({
                 "attention_norm": SequenceParallel(),
                 "ffn_norm": SequenceParallel(),
+                # Gemma's norms after attention and the MLP act on the row-parallel outputs (sequence-sharded local
+                # tensors) and hand a local tensor back to the residual add.
+                **({"post_attention_norm": SequenceParallel(use_local_output=True),
+                    "post_ffn_norm": SequenceParallel(use_local_output=True)}
+                   if block.post_attention_norm is not None else {}),
                 # Gather the sequence before the projections; cos/sin and cache arguments pass through as is.
                 "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None, None),
                                                 desired_input_layouts=(Replicate(), None, None, None, None)),

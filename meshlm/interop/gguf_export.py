@@ -73,6 +73,9 @@ def convert_to_gguf(checkpoint: str | Path, out: str | Path, *, dtype: str = "f3
 
 def gguf_architecture(cfg) -> str:
     """The llama.cpp architecture of a meshlm model; refuses what GGUF cannot say for it."""
+    if cfg.family != "llama":
+        raise CheckpointError(f"GGUF export of the {cfg.family} family is not implemented (meshlm writes llama, "
+                              "qwen2 and qwen3 files); export it with `meshlm convert to-hf` instead")
     if cfg.qk_norm and cfg.qkv_bias:
         raise CheckpointError("the model has both qk_norm and qkv_bias; no llama.cpp architecture has exactly that")
     if cfg.sliding_window:
@@ -141,7 +144,7 @@ def _plan(model: torch.nn.Module, cfg, dtype: str) -> list[tuple[str, str, Any, 
         qtype = wanted if t.dim() == 2 else Q.F32
         if t.shape[-1] % GGML_QUANT_SIZES[qtype][0]:
             qtype = Q.F16
-        plan.append((name, gguf_name(name), qtype, t))
+        plan.append((name, gguf_name(name, cfg.family), qtype, t))
     if cfg.rope_scaling == "llama3":  # llama.cpp divides each RoPE frequency by its factor (convert_hf_to_gguf)
 
         plain = rope_inv_freq(dataclasses.replace(cfg, rope_scaling="none"))

@@ -2,7 +2,7 @@
 
 Names: llama.cpp calls ``layers.3.attention.wq.weight`` ``blk.3.attn_q.weight`` (and so on, one to one).
 
-Architectures: ``llama``, ``qwen2``, ``qwen3``. llama.cpp has no ``mistral`` architecture: its convert script
+Architectures: those the family specs name (``llama``, ``qwen2``, ``qwen3``; ``gemma3``). llama.cpp has no ``mistral`` architecture: its convert script
 writes Mistral (and Llama 2/3, SmolLM) models as ``llama`` (transformers' GGUF loader, too, reads no other name
 for them).
 
@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import torch
 
-from meshlm.models.family import DECODER
+from meshlm.models.families import FAMILIES, family_spec
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
-PERMUTED_ARCHITECTURES = ("llama",)
+# Every llama.cpp architecture some family reads, and those whose q/k rows llama.cpp interleaves (the specs say).
+ARCHITECTURES = tuple(a for name in FAMILIES for a in family_spec(name).gguf_architectures)
+PERMUTED_ARCHITECTURES = tuple(a for name in FAMILIES for a in family_spec(name).gguf_interleaved_qk)
 
 
-def gguf_name(name: str) -> str:
-    """The llama.cpp name of a meshlm state-dict key, e.g. layers.3.feed_forward.w1.weight -> blk.3.ffn_gate.weight
-    (the family spec's names: meshlm/models/family.py)."""
-    return DECODER.external_name(name, "gguf")
+def gguf_name(name: str, family: str = "llama") -> str:
+    """The llama.cpp name of a meshlm state-dict key in ``family``, e.g. layers.3.feed_forward.w1.weight ->
+    blk.3.ffn_gate.weight (meshlm/models/families/)."""
+    return family_spec(family).external_name(name, "gguf")
 
 
 def heads_of(name: str, n_heads: int, n_kv_heads: int) -> int | None:

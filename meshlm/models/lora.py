@@ -27,12 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from meshlm.models.family import DECODER, Shapes
+from meshlm.models.family import LINEARS, Shapes
 
-# Config names -> the module names inside a TransformerBlock (the family spec, meshlm/models/family.py).
-TARGETS = {lin.target: lin.module for lin in DECODER.linears}
+# Config names -> the module names inside the generic block, every family's (meshlm/models/family.py).
+TARGETS = {lin.target: lin.module for lin in LINEARS}
 # The same targets under HF's names (PEFT's target_modules): the last part of the HF module name.
-HF_TARGETS = {lin.target: lin.hf.rsplit(".", 1)[-1] for lin in DECODER.linears}
+HF_TARGETS = {lin.target: lin.hf.rsplit(".", 1)[-1] for lin in LINEARS}
+_BY_TARGET = {lin.target: lin for lin in LINEARS}
 
 
 class _LoRAFunction(torch.autograd.Function):
@@ -233,7 +234,7 @@ def expected_lora_params(cfg, targets: list[str], rank: int) -> int:
     """r · (in + out) per adapted projection per layer, from the model config alone."""
     head_dim = cfg.resolved_head_dim
     sizes = Shapes(cfg.dim, cfg.n_heads * head_dim, cfg.n_kv_heads * head_dim, head_dim, cfg.ffn_hidden_dim)
-    return cfg.n_layers * sum(rank * sum(DECODER.linear(t).shape(sizes)) for t in targets)
+    return cfg.n_layers * sum(rank * sum(_BY_TARGET[t].shape(sizes)) for t in targets)
 
 
 def _stable_seed(seed: int, name: str) -> int:
