@@ -4,15 +4,20 @@ The file's header is parsed by :mod:`meshlm.interop.gguf_file`; the model config
 (``{arch}.block_count``, ``embedding_length``, ...), and each tensor is dequantised to fp32 (every type
 ``gguf.quants.dequantize`` handles: F32, F16, BF16, Q4_0 ... Q8_0, the K-quants, the IQ types) only when DCP
 writes it, through the same streaming planner ``convert from-hf`` uses — so converting holds one tensor at a
-time, never the model. Q/K rows of ``llama`` files are put back into meshlm's rotate-half order
-(:mod:`meshlm.interop.gguf_names`); the tokenizer is rebuilt from ``tokenizer.ggml.*``
-(:mod:`meshlm.interop.gguf_tokenizer`). Export is :mod:`meshlm.interop.gguf_export`. See docs/interop.md.
+time, never the model. The architecture (``general.architecture``) picks the model family
+(meshlm/models/families/): its llama.cpp tensor names, the architectures whose Q/K rows llama.cpp interleaved
+(``llama``: put back into meshlm's rotate-half order, :mod:`meshlm.interop.gguf_names`), what llama.cpp's
+converter added to the norm weights (Gemma's are stored as 1 + w; meshlm's (1 + w) norm keeps w, so the one is
+subtracted again) and the family's config fields beyond the common shape keys (Gemma 3's layer kinds, local RoPE
+base, score scale). The tokenizer is rebuilt from ``tokenizer.ggml.*`` (:mod:`meshlm.interop.gguf_tokenizer`).
+Export is :mod:`meshlm.interop.gguf_export`. See docs/interop.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,19 +27,17 @@ import torch
 
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.interop.gguf_file import GGUFFile
-from meshlm.interop.gguf_names import (
-    ARCHITECTURES,
-    PERMUTED_ARCHITECTURES,
-    gguf_name,
-    heads_of,
-)
+from meshlm.interop.gguf_names import heads_of
 from meshlm.interop.gguf_tokenizer import tokenizer_from_gguf
 from meshlm.interop.hf import _save_run_dir, _StreamingPlanner, expected_shapes
 from meshlm.interop.hf_files import atomic_folder, check_output, write_json
 from meshlm.models.config import ModelConfig
+from meshlm.models.families import FAMILIES, family_of_gguf, family_spec, spec_of
+from meshlm.models.family import FamilySpec
 from meshlm.models.llama import rope_inv_freq
 
 ROPE_FREQS = "rope_freqs.weight"
+_LAYER = re.compile(r"^layers\.\d+\.")
 
 
 @functools.cache
@@ -59,9 +62,11 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
     """(the ModelConfig, the GGUF architecture, notes for the user) from the file's metadata."""
     meta, source = gguf.meta, gguf.path
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    family = family_of_gguf(arch) if isinstance(arch, str) else ""
+    if not family:
+        known = [a for name in FAMILIES for a in family_spec(name).gguf_architectures]
         raise CheckpointError(f"{source}: architecture {arch!r} (general.architecture) is not supported; meshlm "
-                              f"converts {', '.join(ARCHITECTURES)} (llama.cpp writes Mistral models as llama)")
+                              f"converts {', '.join(known)} (llama.cpp writes Mistral models as llama)")
 
     def req(key: str) -> int:
         value = meta.get(f"{arch}.{key}")
@@ -83,6 +88,10 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
     if "token_embd.weight" not in gguf.tensors:
         raise CheckpointError(f"{source}: no tensor 'token_embd.weight'; the file holds no language model")
     vocab = gguf.shape("token_embd.weight")[0]
+    spec = family_spec(family)
+    fields = spec.gguf_config_in(meta, arch) if spec.gguf_config_in else {}
+    fields.update(qkv_bias=arch == "qwen2", qk_norm=fields.get("qk_norm", arch == "qwen3"),
+                  tie_embeddings="output.weight" not in gguf.tensors)  # the file decides, not the family
     cfg = ModelConfig(
         flavor="debug",  # only the loader's base: every field below is explicit
         dim=dim, n_layers=req("block_count"), n_heads=n_heads,
@@ -91,9 +100,7 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
         ffn_hidden_dim=req("feed_forward_length"), vocab_size=vocab,
         max_seq_len=req("context_length"),
         norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3",
-        tie_embeddings="output.weight" not in gguf.tensors,
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)), **fields,
     )
     try:
         cfg.validate()
@@ -101,6 +108,9 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
         raise CheckpointError(f"{source}: the model shape is not valid for meshlm ({exc})") from None
     notes = [f"dequantised {t} tensors to fp32" for t in sorted({gguf.type_name(n) for n in gguf.tensors}
                                                                  - {"F32"})]
+    if cfg.sliding_window and "sliding" in cfg.resolved_layer_kinds():
+        notes.append(f"{family}: sliding attention window of {cfg.sliding_window} tokens on "
+                     f"{cfg.resolved_layer_kinds().count('sliding')} of {cfg.n_layers} layers")
     if ROPE_FREQS in gguf.tensors:
         cfg = _llama3_rope(gguf, cfg)
         notes.append(f"Llama 3.1 RoPE scaling (factor {cfg.rope_scaling_factor:g}) read from {ROPE_FREQS}")
@@ -126,10 +136,12 @@ def _llama3_rope(gguf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
 
 def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str]:
     """meshlm name -> GGUF name for every expected tensor, each present with the right shape and a type the gguf
-    package dequantises; nothing unknown. Marks the q/k weights of a ``llama`` file to be un-permuted."""
-    names = {}
+    package dequantises; nothing unknown. Marks the q/k weights of a ``llama`` file to be un-permuted and the norm
+    weights of a family whose converter shifted them to be shifted back."""
+    names, spec = {}, spec_of(cfg)
+    norms = _norm_keys(spec)
     for name, shape in expected_shapes(cfg).items():
-        gname = gguf_name(name)
+        gname = spec.external_name(name, "gguf")
         if gname not in gguf.tensors:
             raise CheckpointError(f"{gguf.path}: tensor '{gname}' is missing; the file does not hold a complete "
                                   f"{arch} model")
@@ -140,14 +152,21 @@ def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str
             raise CheckpointError(f"{gguf.path}: tensor '{gname}' has type {gguf.type_name(gname)}, which the gguf "
                                   "package cannot dequantise; re-quantise the model to a common type (e.g. Q8_0)")
         heads = heads_of(name, cfg.n_heads, cfg.n_kv_heads)
-        if heads and arch in PERMUTED_ARCHITECTURES:
+        if heads and arch in spec.gguf_interleaved_qk:
             gguf.unpermute(gname, heads)
+        if spec.gguf_norm_offset and _LAYER.sub("", name) in norms:
+            gguf.shift(gname, -spec.gguf_norm_offset)
         names[name] = gname
     unknown = sorted(set(gguf.tensors) - set(names.values()) - {ROPE_FREQS})
     if unknown:
         raise CheckpointError(f"{gguf.path}: tensor '{unknown[0]}' (and {len(unknown) - 1} more) has no meshlm "
                               f"counterpart; this variant of {arch} is not supported")
     return names
+
+
+def _norm_keys(spec: FamilySpec) -> set[str]:
+    """The state-dict keys of the family's norm weights, without ``layers.<i>.`` (and the final norm's)."""
+    return {f"{norm.module}.weight" for norm in spec.norms} | {"norm.weight"}
 
 
 # ------------------------------------------------------------------------------------------------- import

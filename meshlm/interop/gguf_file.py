@@ -68,7 +68,8 @@ class _Stream:
 
 class GGUFFile:
     """The metadata (``meta``: key -> value), tensor index and tensors of a GGUF file; :meth:`read` dequantises
-    one tensor to fp32, putting q/k rows marked with :meth:`unpermute` back into meshlm's order."""
+    one tensor to fp32, putting q/k rows marked with :meth:`unpermute` back into meshlm's order and shifting the
+    weights marked with :meth:`shift`."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -78,6 +79,7 @@ class GGUFFile:
         self.meta: dict[str, Any] = {}
         self.tensors: dict[str, tuple[tuple[int, ...], Any, int, int]] = {}  # name -> (shape, type, offset, bytes)
         self._heads: dict[str, int] = {}
+        self._shifts: dict[str, float] = {}
         with open(self.path, "rb") as f:
             try:
                 self._parse(_Stream(f))
@@ -141,6 +143,10 @@ class GGUFFile:
         """Mark a q/k weight whose rows llama.cpp interleaved (:mod:`meshlm.interop.gguf_names`)."""
         self._heads[name] = n_heads
 
+    def shift(self, name: str, offset: float) -> None:
+        """Mark a tensor to be read with ``offset`` added (Gemma's norms: llama.cpp stores 1 + w, meshlm w)."""
+        self._shifts[name] = offset
+
     def read(self, name: str) -> torch.Tensor:
         """One tensor in fp32, in meshlm's row order (read with ``read``, so no page of the file stays mapped)."""
         from gguf.quants import dequantize, quant_shape_to_byte_shape
@@ -157,4 +163,6 @@ class GGUFFile:
         out = torch.from_numpy(values.reshape(shape))
         if name in self._heads:
             out = from_interleaved(out, self._heads[name])
+        if name in self._shifts:
+            out += self._shifts[name]  # in fp32, as transformers' loader subtracts (its Gemma2TensorProcessor)
         return out

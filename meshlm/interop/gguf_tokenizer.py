@@ -10,10 +10,21 @@ source. Import rebuilds the tokenizer that name stands for, as the model's own t
   up to three digits) and merges skipped for words in the vocabulary, as llama.cpp does for that vocabulary;
 - ``qwen2`` (also ``deepseek-r1-qwen``): Qwen2's regex (single digits) after NFC normalisation.
 
+A sentencepiece vocabulary (``tokenizer.ggml.model = "llama"``) is rebuilt for the files of a family whose spec
+says ``tokenizer = "sentencepiece"`` (gemma3: meshlm/models/families/gemma3.py) as the BPE model Gemma's own tokenizer.json is, and as transformers' GGUF loader rebuilds
+it: text with every space written ``▁`` and no prefix space, pieces looked up whole or merged by BPE, characters
+outside the vocabulary spelled by the ``<0xNN>`` byte tokens (byte fallback), ``<unk>`` fused. The file holds
+no merges, so they are derived from the vocabulary: every split of a token into two tokens is a merge, ranked by
+the merged token's position in the file (its earlier tokens are the more frequent: the ``scores`` follow that
+order but for a few ties, so the order is what transformers ranks by too). Gemma's GGUFs store the tokens made
+of spaces with real spaces; they are spelled with ``▁`` as the model looks them up. ``<end_of_turn>``, where the
+vocabulary has it, also ends a generation (llama.cpp treats it so; Gemma's generation_config.json lists it). A
+sentencepiece vocabulary of any other architecture (Llama 2's, with a prefix space) is refused.
+
 Token types: CONTROL tokens become special added tokens (kept whole, and — meshlm's
 :class:`~meshlm.tokenizer.MeshTokenizer` switches ``encode_special_tokens`` on — read as plain text inside user
-text), USER_DEFINED ones plain added tokens. Only gpt2-style byte-level BPE vocabularies are rebuilt; a
-sentencepiece vocabulary (``tokenizer.ggml.model = "llama"``) is refused.
+text), USER_DEFINED ones plain added tokens (Gemma's newline runs and HTML tags: matched whole, as llama.cpp
+does).
 
 Export goes the other way from a checkpoint's tokenizer.json, naming the pre-tokenizer llama.cpp must use; the
 vocabulary is padded with ``[PAD<i>]`` (type UNUSED) to the model's embedding rows, as llama.cpp's convert script
@@ -30,6 +41,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from meshlm.errors import CheckpointError
 from meshlm.interop.hf_tokenizer import META_FORMAT, hf_tokenizer_config
+from meshlm.models.families import family_of_gguf, family_spec
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -57,49 +69,50 @@ def _pre_tokenizer(family: str) -> pre_tokenizers.PreTokenizer:
 
 
 # ------------------------------------------------------------------------------------------------- import
+SPACE = "\u2581"  # sentencepiece's visible space
+END_OF_TURN = "<end_of_turn>"  # Gemma's end of a chat turn: an end of generation too
+
+
 def tokenizer_from_gguf(meta: dict[str, Any], source: Path, vocab_rows: int,
                         max_len: int) -> tuple[Tokenizer, dict[str, Any], dict[str, Any]]:
     """(the tokenizers.Tokenizer, tokenizer_meta.json, tokenizer_config.json) of a GGUF's ``tokenizer.*`` keys."""
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        what = "a sentencepiece vocabulary" if kind == "llama" else "no tokenizer" if kind is None else repr(kind)
+    kind, arch = meta.get("tokenizer.ggml.model"), meta.get("general.architecture")
+    family = family_of_gguf(arch) if isinstance(arch, str) else ""
+    if kind == "llama" and (not family or family_spec(family).tokenizer != "sentencepiece"):
+        raise CheckpointError(f"{source}: tokenizer.ggml.model is a sentencepiece vocabulary of a {arch!r} file; "
+                              "meshlm rebuilds the sentencepiece vocabularies of Gemma 3 files and gpt2-style "
+                              "byte-level BPE")
+    if kind not in ("gpt2", "llama"):
+        what = "no tokenizer" if kind is None else repr(kind)
         raise CheckpointError(f"{source}: tokenizer.ggml.model is {what}; meshlm rebuilds gpt2-style byte-level BPE "
-                              "tokenizers only (tokenizer.ggml.model = \"gpt2\")")
-    pre = meta.get("tokenizer.ggml.pre")
-    if pre not in PRE_TOKENIZERS:
-        raise CheckpointError(f"{source}: tokenizer.ggml.pre {pre!r} is not one meshlm knows; supported: "
-                              f"{', '.join(sorted(PRE_TOKENIZERS))}")
-    tokens, merges = list(meta["tokenizer.ggml.tokens"]), list(meta.get("tokenizer.ggml.merges") or [])
+                              "tokenizers (tokenizer.ggml.model = \"gpt2\") and Gemma's sentencepiece (\"llama\")")
+    tokens = list(meta.get("tokenizer.ggml.tokens") or [])
     types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
     if len(tokens) != vocab_rows or len(types) != len(tokens) or len(set(tokens)) != len(tokens):
         raise CheckpointError(f"{source}: the vocabulary ({len(tokens)} tokens, {len(types)} token types, "
                               f"{len(set(tokens))} distinct) does not match the embedding's {vocab_rows} rows; the "
                               "file is damaged or not a model llama.cpp loads")
-    family = PRE_TOKENIZERS[pre]
-    pairs = [tuple(m.split(" ")) for m in merges]
-    if any(len(p) != 2 for p in pairs):
-        raise CheckpointError(f"{source}: tokenizer.ggml.merges has an entry that is not two tokens "
-                              "separated by one space; the file is damaged")
-    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, pairs, fuse_unk=False, byte_fallback=False,
-                               ignore_merges=family == "llama-bpe"))
-    if family == "qwen2":
-        tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = _pre_tokenizer(family)
-    tok.decoder = decoders.ByteLevel()
+    roles = _roles(meta, tokens, source)
+    if kind == "gpt2":
+        tok, bos_default = _byte_level_bpe(meta, tokens, source)
+    else:
+        tok, bos_default = _sentencepiece_bpe(tokens, types, roles["unk"]), True  # llama.cpp's default for spm
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, kind_ in zip(tokens, types) if kind_ == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, kind_ in zip(tokens, types) if kind_ == USER_DEFINED])
-    roles = _roles(meta, tokens, source)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)  # not Gemma's respelled runs of spaces
+                    for t, kind_ in zip(tokens, types) if kind_ == USER_DEFINED and tok.token_to_id(t) is not None])
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    add_bos = bool(add_bos) if add_bos is not None else family == "llama-bpe"  # llama.cpp's defaults
-    add_bos = add_bos and roles["bos"] is not None
-    tok.post_processor = (processors.TemplateProcessing(single=f"{roles['bos']}:0 $A:0",
-                                                        pair=f"{roles['bos']}:0 $A:0 $B:1",
-                                                        special_tokens=[(roles["bos"], tokens.index(roles["bos"]))])
-                          if add_bos else processors.ByteLevel(trim_offsets=False))
+    add_bos = (bool(add_bos) if add_bos is not None else bos_default) and roles["bos"] is not None
+    if add_bos:
+        bos = f"{roles['bos']}"
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                                           special_tokens=[(bos, tokens.index(bos))])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False) if kind == "gpt2" else None
     eos_id = tokens.index(roles["eos"])
     ends = [meta.get(f"tokenizer.ggml.{key}_token_id") for key in ("eot", "eom")]
+    if kind == "llama" and END_OF_TURN in tokens:
+        ends.append(tokens.index(END_OF_TURN))
     eos_ids = [eos_id] + [i for i in ends if isinstance(i, int) and 0 <= i < len(tokens) and i != eos_id]
     tok_meta = {"format": META_FORMAT, "bos_token": roles["bos"], "eos_token": roles["eos"],
                 "pad_token": roles["pad"], "eos_ids": list(dict.fromkeys(eos_ids)), "add_bos_token": add_bos}
@@ -109,6 +122,51 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: Path, vocab_rows: int,
     if isinstance(template, str) and template.strip():
         config["chat_template"] = template
     return tok, tok_meta, config
+
+
+def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], source: Path) -> tuple[Tokenizer, bool]:
+    """A gpt2-style vocabulary with its merges and named pre-tokenizer; whether llama.cpp adds bos by default."""
+    pre = meta.get("tokenizer.ggml.pre")
+    if pre not in PRE_TOKENIZERS:
+        raise CheckpointError(f"{source}: tokenizer.ggml.pre {pre!r} is not one meshlm knows; supported: "
+                              f"{', '.join(sorted(PRE_TOKENIZERS))}")
+    family = PRE_TOKENIZERS[pre]
+    pairs = [tuple(m.split(" ")) for m in meta.get("tokenizer.ggml.merges") or []]
+    if any(len(p) != 2 for p in pairs):
+        raise CheckpointError(f"{source}: tokenizer.ggml.merges has an entry that is not two tokens "
+                              "separated by one space; the file is damaged")
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, pairs, fuse_unk=False, byte_fallback=False,
+                               ignore_merges=family == "llama-bpe"))
+    if family == "qwen2":
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _pre_tokenizer(family)
+    tok.decoder = decoders.ByteLevel()
+    return tok, family == "llama-bpe"
+
+
+def _sentencepiece_bpe(tokens: list[str], types: list[int], unk: str | None) -> Tokenizer:
+    """Gemma's sentencepiece vocabulary as a BPE tokenizer with byte fallback (see the module docstring)."""
+    spelled = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]  # "  " is looked up as "▁▁"
+    vocab = {t: i for i, t in enumerate(spelled)}
+    tok = Tokenizer(models.BPE(vocab, sentencepiece_merges(spelled, vocab), unk_token=unk, fuse_unk=True,
+                               byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", SPACE)
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")  # as Gemma's tokenizer.json
+    tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tok
+
+
+def sentencepiece_merges(tokens: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The BPE merges a merge-less vocabulary implies: (left, right) for every token that splits into two tokens,
+    ranked by the token's position, and within one token the longer left part first."""
+    ranked = []
+    for token, index in vocab.items():
+        for cut in range(len(token) - 1, 0, -1):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((index, len(token) - cut, left, right))
+    ranked.sort()
+    return [(left, right) for _, _, left, right in ranked]
 
 
 def _roles(meta: dict[str, Any], tokens: list[str], source: Path) -> dict[str, str | None]:

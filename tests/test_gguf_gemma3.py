@@ -1,0 +1,80 @@
+"""``convert from-gguf`` of Gemma 3 (the gemma3 family, meshlm/models/families/gemma3.py): logits equal to
+transformers' own GGUF loader on small random files the tests write (tests/gemma3_gguf.py) — fp32 weights, and
+quantised ones both sides dequantise alike — over sequences longer than the sliding window, so the global layer,
+the windowed layers and their two RoPE bases all count.
+
+Tolerance 1e-4 (max |Δ logits|, fp32): both models compute the same fp32 operations, so the difference measured
+is 0.0 (as for the llama files, tests/test_gguf.py); the norm weights read without llama.cpp's 1 + w shift taken
+off, or the wrong score scale or RoPE base, move logits by 1e-1 .. 10.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+from gemma3_gguf import write_gemma3_gguf  # noqa: E402
+from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
+
+from meshlm.checkpoint.load import model_from_checkpoint  # noqa: E402
+from meshlm.cli.main import main  # noqa: E402
+from meshlm.interop.gguf import convert_from_gguf  # noqa: E402
+from meshlm.interop.gguf_file import GGUFFile  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+TOL = 1e-4
+QUANTISED = {"attn_q": Q.Q8_0, "attn_v": Q.Q4_0, "ffn_down": Q.F16, "ffn_up": Q.Q5_0, "token_embd": Q.Q8_0}
+
+
+def hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids).logits.float()
+
+
+@pytest.mark.parametrize("types", [{}, QUANTISED], ids=["f32", "quantised"])
+def test_logits_equal_transformers_gguf_loader(types, tmp_path):
+    shape = write_gemma3_gguf(tmp_path / "g.gguf", types=types, seed=len(types))
+    result = convert_from_gguf(tmp_path / "g.gguf", tmp_path / "run")
+    assert result["architecture"] == "gemma3" and result["chat_template"] is True
+    model, cfg, _, _ = model_from_checkpoint(tmp_path / "run")
+    assert cfg.model.family == "gemma3" and cfg.model.tie_embeddings
+    assert cfg.model.layer_kinds == ["sliding"] * 5 + ["global"] and cfg.model.sliding_window == 5
+    assert (cfg.model.rope_theta, cfg.model.rope_local_theta, cfg.model.query_pre_attn_scalar) == (1e6, 1e4, 256)
+    ids = torch.randint(0, shape["vocab_size"], (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(ids).float()
+    ref = hf_logits(tmp_path / "g.gguf", ids)
+    assert ref.abs().max() > 0.1
+    assert (ours - ref).abs().max().item() <= TOL
+
+
+def test_norm_weights_are_stored_as_one_plus_w(tmp_path):
+    """meshlm keeps Gemma's w (its norm scales by 1 + w); the file holds 1 + w, so every norm is read minus 1."""
+    write_gemma3_gguf(tmp_path / "g.gguf")
+    convert_from_gguf(tmp_path / "g.gguf", tmp_path / "run")
+    model = model_from_checkpoint(tmp_path / "run")[0]
+    stored = GGUFFile(tmp_path / "g.gguf")
+    state = model.state_dict()
+    pairs = {"norm.weight": "output_norm.weight", "layers.2.attention.k_norm.weight": "blk.2.attn_k_norm.weight",
+             "layers.5.post_ffn_norm.weight": "blk.5.post_ffw_norm.weight"}
+    for ours, theirs in pairs.items():
+        assert torch.equal(state[ours], stored.read(theirs) - 1.0), ours
+    assert torch.equal(state["layers.0.attention.wq.weight"], stored.read("blk.0.attn_q.weight"))  # no q/k reorder
+
+
+def test_cli_convert_reports_the_window(tmp_path, capfd):
+    write_gemma3_gguf(tmp_path / "g.gguf", template=None)
+    with pytest.raises(SystemExit) as info:
+        main(["convert", "from-gguf", str(tmp_path / "g.gguf"), str(tmp_path / "run"), "--json"])
+    out = capfd.readouterr().out
+    assert info.value.code == 0, out
+    report = json.loads(out)
+    assert report["architecture"] == "gemma3" and report["chat_template"] is False
+    assert any("sliding attention window of 5 tokens on 5 of 6 layers" in n for n in report["notes"])
