@@ -35,6 +35,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from meshlm.generate.int8 import Int8Matrix
+from meshlm.models.families import supports_packed
 from meshlm.models.head import OutputHead
 from meshlm.models.llama import Transformer
 from meshlm.models.lora import LoRALinear
@@ -89,6 +90,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     model = _inner(model)
     if not isinstance(model, Transformer):
         return f"not a meshlm decoder ({type(model).__name__})"
+    if not supports_packed(model.cfg):  # the family declares no packed block (meshlm/models/families/)
+        return f"the {model.cfg.family} family (or this model's RoPE bases / query scalar) has no packed block"
     if model.tok_embeddings is None or model.norm is None or not isinstance(model.output, OutputHead):
         return "a pipeline stage or a model without its vocabulary head"
     for name, p in model.named_parameters():

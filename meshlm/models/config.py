@@ -85,10 +85,12 @@ class ModelConfig:
         """The attention window of layer ``layer_id`` (global index); 0 means full causal attention."""
         return self.sliding_window if self.resolved_layer_kinds()[layer_id] == "sliding" else 0
 
-    def layer_rope_theta(self, layer_id: int) -> float:
-        """The RoPE base of layer ``layer_id``: rope_local_theta on sliding layers (when set), else rope_theta."""
-        sliding = self.resolved_layer_kinds()[layer_id] == "sliding"
-        return self.rope_local_theta if sliding and self.rope_local_theta else self.rope_theta
+    @property
+    def local_rope(self) -> bool:
+        """Whether sliding layers rotate by tables of their own: a base of their own, or unscaled beside scaled
+        global layers (Gemma 3 with rope_scaling)."""
+        return bool(self.rope_local_theta) and "sliding" in self.resolved_layer_kinds() and \
+            (self.rope_local_theta != self.rope_theta or self.rope_scaling != "none")
 
     def validate(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size", "max_seq_len"):

@@ -272,9 +272,7 @@ class Transformer(nn.Module):
 
     @property
     def _local_rope(self) -> bool:
-        cfg = self.cfg
-        return bool(cfg.rope_local_theta) and "sliding" in cfg.resolved_layer_kinds() and \
-            (cfg.rope_local_theta != cfg.rope_theta or cfg.rope_scaling != "none")
+        return self.cfg.local_rope
 
     def tie_weights(self) -> None:
         """Make output.weight the tok_embeddings.weight object (tied flavours; both present). The engine calls it
