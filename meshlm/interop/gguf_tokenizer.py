@@ -11,14 +11,14 @@ source. Import rebuilds the tokenizer that name stands for, as the model's own t
 - ``qwen2`` (also ``deepseek-r1-qwen``): Qwen2's regex (single digits) after NFC normalisation.
 
 A sentencepiece vocabulary (``tokenizer.ggml.model = "llama"``) is rebuilt for the files of a family whose spec
-says ``tokenizer = "sentencepiece"`` (gemma3: meshlm/models/families/gemma3.py) as the BPE model Gemma's own tokenizer.json is, and as transformers' GGUF loader rebuilds
-it: text with every space written ``▁`` and no prefix space, pieces looked up whole or merged by BPE, characters
-outside the vocabulary spelled by the ``<0xNN>`` byte tokens (byte fallback), ``<unk>`` fused. The file holds
-no merges, so they are derived from the vocabulary: every split of a token into two tokens is a merge, ranked by
-the merged token's position in the file (its earlier tokens are the more frequent: the ``scores`` follow that
-order but for a few ties, so the order is what transformers ranks by too). Gemma's GGUFs store the tokens made
+says ``tokenizer = "sentencepiece"`` (gemma3) as the BPE model transformers' GGUF loader rebuilds for Gemma: text
+with every space written ``▁`` and no prefix space, pieces merged by BPE, characters outside the vocabulary
+spelled by the ``<0xNN>`` byte tokens (byte fallback), ``<unk>`` fused. The file holds no merges, so they are
+derived from the vocabulary: every split of a token into two tokens is a merge, ranked by the merged token's
+position in the file (in Gemma 3 270M's file the ``scores`` fall with the position but in two places; ranking by
+position is what gives transformers' ids, scripts/bench_gemma3.py). Gemma's GGUFs store the tokens made
 of spaces with real spaces; they are spelled with ``▁`` as the model looks them up. ``<end_of_turn>``, where the
-vocabulary has it, also ends a generation (llama.cpp treats it so; Gemma's generation_config.json lists it). A
+vocabulary has it, also ends a generation (llama.cpp ends generations there too). A
 sentencepiece vocabulary of any other architecture (Llama 2's, with a prefix space) is refused.
 
 Token types: CONTROL tokens become special added tokens (kept whole, and — meshlm's
