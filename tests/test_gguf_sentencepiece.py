@@ -95,3 +95,11 @@ def test_sentencepiece_of_another_architecture_is_refused(converted):
     meta = dict(GGUFFile(converted[0]).meta, **{"general.architecture": "llama"})
     with pytest.raises(CheckpointError, match="sentencepiece vocabulary of a 'llama' file"):
         gguf_tokenizer.tokenizer_from_gguf(meta, converted[0], len(meta["tokenizer.ggml.tokens"]), 128)
+
+
+def test_a_run_of_spaces_stored_twice_is_refused(converted):
+    meta = GGUFFile(converted[0]).meta
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    tokens[-1] = gguf_tokenizer.SPACE * 2  # beside "  " (two real spaces), which is looked up as this
+    with pytest.raises(CheckpointError, match="run of 2 spaces both as spaces and as"):
+        gguf_tokenizer.tokenizer_from_gguf({**meta, "tokenizer.ggml.tokens": tokens}, converted[0], len(tokens), 128)

@@ -96,7 +96,7 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: Path, vocab_rows: int,
     if kind == "gpt2":
         tok, bos_default = _byte_level_bpe(meta, tokens, source)
     else:
-        tok, bos_default = _sentencepiece_bpe(tokens, types, roles["unk"]), True  # llama.cpp's default for spm
+        tok, bos_default = _sentencepiece_bpe(tokens, roles["unk"], source), True  # llama.cpp's default for spm
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, kind_ in zip(tokens, types) if kind_ == CONTROL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False)  # not Gemma's respelled runs of spaces
@@ -144,10 +144,14 @@ def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], source: Path) -> tu
     return tok, family == "llama-bpe"
 
 
-def _sentencepiece_bpe(tokens: list[str], types: list[int], unk: str | None) -> Tokenizer:
+def _sentencepiece_bpe(tokens: list[str], unk: str | None, source: Path) -> Tokenizer:
     """Gemma's sentencepiece vocabulary as a BPE tokenizer with byte fallback (see the module docstring)."""
     spelled = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]  # "  " is looked up as "▁▁"
     vocab = {t: i for i, t in enumerate(spelled)}
+    if len(vocab) != len(spelled):
+        twice = next(t for i, t in enumerate(spelled) if vocab[t] != i)
+        raise CheckpointError(f"{source}: the vocabulary holds the run of {len(twice)} spaces both as spaces and as "
+                              f"{twice!r}; one token would hide the other, so the file cannot be tokenised as is")
     tok = Tokenizer(models.BPE(vocab, sentencepiece_merges(spelled, vocab), unk_token=unk, fuse_unk=True,
                                byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", SPACE)
