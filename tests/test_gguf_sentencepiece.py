@@ -103,3 +103,23 @@ def test_a_run_of_spaces_stored_twice_is_refused(converted):
     tokens[-1] = gguf_tokenizer.SPACE * 2  # beside "  " (two real spaces), which is looked up as this
     with pytest.raises(CheckpointError, match="run of 2 spaces both as spaces and as"):
         gguf_tokenizer.tokenizer_from_gguf({**meta, "tokenizer.ggml.tokens": tokens}, converted[0], len(tokens), 128)
+
+
+def test_export_fields_give_back_the_file_vocabulary(converted, reference):
+    """tokenizer_to_gguf of the rebuilt tokenizer: the file's tokens (runs of spaces spelled with spaces again) and
+    token types, scores falling with position (so score and position rank merges alike), and a rebuild from
+    them that tokenises as transformers does on the original file."""
+    original = GGUFFile(converted[0]).meta
+    ours = MeshTokenizer.load(converted[1] / "tokenizer.json")
+    fields = gguf_tokenizer.tokenizer_to_gguf(ours, {"add_bos_token": True}, len(original["tokenizer.ggml.tokens"]),
+                                              converted[1])
+    assert fields["model"] == "llama" and fields["merges"] == [] and (fields["bos"], fields["unk"]) == (2, 3)
+    assert fields["tokens"] == original["tokenizer.ggml.tokens"]
+    assert fields["types"] == original["tokenizer.ggml.token_type"]
+    normal = [s for s, t in zip(fields["scores"], fields["types"]) if t == gguf_tokenizer.NORMAL]
+    assert normal == sorted(normal, reverse=True)
+    meta = {**original, "tokenizer.ggml.tokens": fields["tokens"], "tokenizer.ggml.token_type": fields["types"],
+            "tokenizer.ggml.scores": fields["scores"]}
+    rebuilt = gguf_tokenizer.tokenizer_from_gguf(meta, converted[0], len(fields["tokens"]), 128)[0]
+    for text in texts(100):
+        assert rebuilt.encode(text).ids == reference(text)["input_ids"], repr(text)

@@ -34,6 +34,7 @@ does, because llama.cpp requires one token per row.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -188,27 +189,52 @@ def _roles(meta: dict[str, Any], tokens: list[str], source: Path) -> dict[str, s
 
 # ------------------------------------------------------------------------------------------------- export
 def tokenizer_to_gguf(tokenizer, meta: dict[str, Any] | None, vocab_rows: int, source: Path) -> dict[str, Any]:
-    """The ``tokenizer.ggml.*`` values of a checkpoint's tokenizer (a :class:`MeshTokenizer`): model, pre,
-    tokens, token_type, merges, bos/eos/pad ids and add_bos_token."""
+    """The ``tokenizer.ggml.*`` values of a checkpoint's tokenizer (a :class:`MeshTokenizer`): model (``gpt2``,
+    or ``llama`` for a sentencepiece-style vocabulary such as Gemma's), pre, tokens, token_type, scores, merges,
+    bos/eos/pad/unk ids and add_bos_token."""
     spec = json.loads(tokenizer.backend.to_str())
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
         raise CheckpointError(f"{source}: the tokenizer is a {model.get('type')} model; GGUF export writes "
-                              "byte-level BPE tokenizers only")
-    pre = _pre_name(spec, source)
+                              "BPE tokenizers only (byte-level, or sentencepiece-style with byte fallback)")
+    sentencepiece = _is_sentencepiece(spec)
+    pre = "default" if sentencepiece else _pre_name(spec, source)
     added = {i: t for i, t in tokenizer.backend.get_added_tokens_decoder().items()}
-    tokens, types = [], []
+    tokens, types, scores = [], [], []
     for i in range(vocab_rows):
         token = tokenizer.backend.id_to_token(i) if i < tokenizer.vocab_size else None
+        kind = (UNUSED if token is None else CONTROL if i in added and added[i].special else
+                USER_DEFINED if i in added else NORMAL)
+        if sentencepiece and kind == NORMAL and len(token or "") > 1 and not token.strip(SPACE):
+            token, kind = " " * len(token), USER_DEFINED  # Gemma's runs of 2+ spaces, as its files spell them
+        elif sentencepiece and kind == NORMAL and _BYTE_TOKEN.fullmatch(token or ""):
+            kind = BYTE
         tokens.append(token if token is not None else f"[PAD{i}]")
-        types.append(UNUSED if token is None else NORMAL if i not in added else
-                     CONTROL if added[i].special else USER_DEFINED)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+        types.append(kind)
+        # falling with the position for the pieces, so llama.cpp (it merges by score) and transformers (by
+        # position) rank the merges alike; sentencepiece's -1000 / 0 for the others
+        scores.append(-float(i) if kind == NORMAL else 0.0 if kind == BYTE else -1000.0)
+    merges = [] if sentencepiece else [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     add_bos = (meta or {}).get("add_bos_token")
     if add_bos is None:  # meshlm's own tokenizers: prompts start with bos (generate, the SFT encoders)
         add_bos = tokenizer.bos_id is not None
-    return {"pre": pre, "tokens": tokens, "types": types, "merges": merges, "bos": tokenizer.bos_id,
-            "eos": tokenizer.eos_id, "pad": tokenizer.pad_id, "add_bos": bool(add_bos)}
+    unk = model.get("unk_token")
+    return {"model": "llama" if sentencepiece else "gpt2", "pre": pre, "tokens": tokens, "types": types,
+            "scores": scores, "merges": merges, "bos": tokenizer.bos_id, "eos": tokenizer.eos_id,
+            "pad": tokenizer.pad_id, "unk": tokenizer.backend.token_to_id(unk) if unk else None,
+            "add_bos": bool(add_bos)}
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def _is_sentencepiece(spec: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json is the sentencepiece-style BPE :func:`tokenizer_from_gguf` builds for Gemma (and
+    Gemma's own tokenizer.json is): byte fallback, spaces replaced by ▁, no byte-level pre-tokenizer."""
+    norm = spec.get("normalizer") or {}
+    replaces_spaces = norm.get("type") == "Replace" and norm.get("content") == SPACE and \
+        (norm.get("pattern") or {}).get("String") == " "
+    return bool((spec.get("model") or {}).get("byte_fallback")) and replaces_spaces
 
 
 def _pre_name(spec: dict[str, Any], source: Path) -> str:
