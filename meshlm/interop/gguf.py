@@ -139,7 +139,6 @@ def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str
     package dequantises; nothing unknown. Marks the q/k weights of a ``llama`` file to be un-permuted and the norm
     weights of a family whose converter shifted them to be shifted back."""
     names, spec = {}, spec_of(cfg)
-    norms = _norm_keys(spec)
     for name, shape in expected_shapes(cfg).items():
         gname = spec.external_name(name, "gguf")
         if gname not in gguf.tensors:
@@ -154,8 +153,8 @@ def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str
         heads = heads_of(name, cfg.n_heads, cfg.n_kv_heads)
         if heads and arch in spec.gguf_interleaved_qk:
             gguf.unpermute(gname, heads)
-        if spec.gguf_norm_offset and _LAYER.sub("", name) in norms:
-            gguf.shift(gname, -spec.gguf_norm_offset)
+        if norm_offset(spec, name):
+            gguf.shift(gname, -norm_offset(spec, name))
         names[name] = gname
     unknown = sorted(set(gguf.tensors) - set(names.values()) - {ROPE_FREQS})
     if unknown:
@@ -164,9 +163,13 @@ def _check_tensors(gguf: GGUFFile, cfg: ModelConfig, arch: str) -> dict[str, str
     return names
 
 
-def _norm_keys(spec: FamilySpec) -> set[str]:
-    """The state-dict keys of the family's norm weights, without ``layers.<i>.`` (and the final norm's)."""
-    return {f"{norm.module}.weight" for norm in spec.norms} | {"norm.weight"}
+def norm_offset(spec: FamilySpec, name: str) -> float:
+    """What llama.cpp's converter adds to meshlm tensor ``name`` of this family: the family's norm offset for a
+    norm weight (any block norm, or the final one), else 0 (import subtracts it, export adds it)."""
+    if not spec.gguf_norm_offset:
+        return 0.0
+    norms = {f"{norm.module}.weight" for norm in spec.norms} | {"norm.weight"}
+    return spec.gguf_norm_offset if _LAYER.sub("", name) in norms else 0.0
 
 
 # ------------------------------------------------------------------------------------------------- import
