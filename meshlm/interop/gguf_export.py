@@ -3,7 +3,10 @@
 The checkpoint is loaded with :func:`~meshlm.checkpoint.load.model_from_checkpoint` (any parallel layout;
 LoRA adapters merged into the base) and written with the ``gguf`` package's ``GGUFWriter`` under llama.cpp's
 names, metadata keys and (for ``llama``) interleaved Q/K rows, with the tokenizer as ``tokenizer.ggml.*`` and the
-chat template. Architecture: ``qwen3`` with qk-norm, ``qwen2`` with q/k/v bias, else ``llama``; Llama 3.1 RoPE
+chat template. Architecture: ``gemma3`` for the gemma3 family (norm weights written as 1 + w, as llama.cpp's
+converter does; Gemma's sentencepiece vocabulary as ``tokenizer.ggml.model = "llama"``; refused where llama.cpp's
+fixed gemma3 rules would run the model differently); ``qwen3`` with qk-norm, ``qwen2`` with q/k/v bias, else
+``llama``; Llama 3.1 RoPE
 scaling is written as llama.cpp's ``rope_freqs`` tensor (the divisor of each frequency). Matrices are
 stored in the chosen type (f32, f16, bf16 or q8_0); norms and other 1-D tensors stay f32, as llama.cpp keeps
 them, and a q8_0 matrix whose rows are not a multiple of 32 values falls back to f16 (llama.cpp does the same).
@@ -28,9 +31,11 @@ import torch
 from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
 from meshlm.data.posttrain.templates import MESHLM_CHAT_TEMPLATE, read_hf_chat_template
 from meshlm.errors import CheckpointError, ConfigError
+from meshlm.interop.gguf import norm_offset
 from meshlm.interop.gguf_names import PERMUTED_ARCHITECTURES, gguf_name, heads_of, to_interleaved
 from meshlm.interop.gguf_tokenizer import tokenizer_to_gguf
 from meshlm.interop.hf_tokenizer import read_meta
+from meshlm.models.families import spec_of
 from meshlm.models.llama import rope_inv_freq
 from meshlm.models.lora import merge_lora
 from meshlm.tokenizer import SPECIAL_TOKENS, MeshTokenizer
@@ -73,6 +78,8 @@ def convert_to_gguf(checkpoint: str | Path, out: str | Path, *, dtype: str = "f3
 
 def gguf_architecture(cfg) -> str:
     """The llama.cpp architecture of a meshlm model; refuses what GGUF cannot say for it."""
+    if cfg.family == "gemma3":
+        return _gemma3_architecture(cfg)
     if cfg.family != "llama":
         raise CheckpointError(f"GGUF export of the {cfg.family} family is not implemented (meshlm writes llama, "
                               "qwen2 and qwen3 files); export it with `meshlm convert to-hf` instead")
@@ -87,6 +94,23 @@ def gguf_architecture(cfg) -> str:
         raise CheckpointError(f"RoPE scaling '{cfg.rope_scaling}' on a {arch} model: llama.cpp reads Llama 3.1 "
                               "scaling (a rope_freqs tensor) for llama models only")
     return arch
+
+
+def _gemma3_architecture(cfg) -> str:
+    """``gemma3``, when what llama.cpp reads back from the metadata written (its fixed layer pattern, local RoPE
+    base and score scale: the family's ``gguf_config_in``) is the model."""
+    meta = {f"gemma3.{k}": v for k, v in (("block_count", cfg.n_layers), ("embedding_length", cfg.dim),
+                                           ("attention.head_count", cfg.n_heads),
+                                           ("attention.key_length", cfg.resolved_head_dim),
+                                           ("attention.sliding_window", cfg.sliding_window))}
+    read = spec_of(cfg).gguf_config_in(meta, "gemma3")
+    wrong = [k for k in ("layer_kinds", "rope_local_theta", "query_pre_attn_scalar")
+             if read[k] != getattr(cfg, k) and not (k == "layer_kinds" and read[k] == list(cfg.resolved_layer_kinds()))]
+    if wrong or cfg.rope_scaling != "none":
+        raise CheckpointError(f"the gemma3 model's {', '.join(wrong) or 'RoPE scaling'} differ from what llama.cpp "
+                              "assumes for gemma3 files (every sixth layer global, local RoPE base 10000, scores "
+                              "scaled by head_dim ** -0.5, no RoPE scaling); GGUF export would change its outputs")
+    return "gemma3"
 
 
 def _check_output(out: Path, overwrite: bool) -> None:
@@ -144,6 +168,8 @@ def _plan(model: torch.nn.Module, cfg, dtype: str) -> list[tuple[str, str, Any, 
         qtype = wanted if t.dim() == 2 else Q.F32
         if t.shape[-1] % GGML_QUANT_SIZES[qtype][0]:
             qtype = Q.F16
+        if norm_offset(spec_of(cfg), name):  # Gemma: llama.cpp stores the norm weight w as 1 + w
+            t = t.float() + norm_offset(spec_of(cfg), name)
         plan.append((name, gguf_name(name, cfg.family), qtype, t))
     if cfg.rope_scaling == "llama3":  # llama.cpp divides each RoPE frequency by its factor (convert_hf_to_gguf)
 
@@ -211,6 +237,8 @@ def _write_metadata(writer, cfg, name: str, dtype: str) -> None:
         writer.add_key_length(cfg.resolved_head_dim)
         writer.add_value_length(cfg.resolved_head_dim)
     writer.add_vocab_size(cfg.vocab_size)
+    if cfg.family == "gemma3" and cfg.sliding_window:
+        writer.add_sliding_window(cfg.sliding_window)
     writer.add_file_type({"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
                           "bf16": LlamaFileType.MOSTLY_BF16, "q8_0": LlamaFileType.MOSTLY_Q8_0}[dtype])
     if dtype == "q8_0":
@@ -218,11 +246,17 @@ def _write_metadata(writer, cfg, name: str, dtype: str) -> None:
 
 
 def _write_tokenizer(writer, tok: dict[str, Any], template: str | None) -> None:
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model(tok.get("model", "gpt2"))
     writer.add_tokenizer_pre(tok["pre"])
     writer.add_token_list(tok["tokens"])
     writer.add_token_types(tok["types"])
-    writer.add_token_merges(tok["merges"])
+    if tok.get("model") == "llama":  # sentencepiece: scores rank the merges, no merges listed, no prefix space
+        writer.add_token_scores(tok["scores"])
+        writer.add_add_space_prefix(False)
+        if tok.get("unk") is not None:
+            writer.add_unk_token_id(tok["unk"])
+    else:
+        writer.add_token_merges(tok["merges"])
     if tok["bos"] is not None:
         writer.add_bos_token_id(tok["bos"])
     writer.add_eos_token_id(tok["eos"])
