@@ -78,3 +78,43 @@ def test_cli_convert_reports_the_window(tmp_path, capfd):
     report = json.loads(out)
     assert report["architecture"] == "gemma3" and report["chat_template"] is False
     assert any("sliding attention window of 5 tokens on 5 of 6 layers" in n for n in report["notes"])
+
+
+def test_to_gguf_is_read_back_by_transformers(tmp_path):
+    """Export (f32): transformers' GGUF loader reads the written gemma3 file with meshlm's logits and the original
+    file's token ids; meshlm reads it back to the same logits."""
+    from meshlm.interop.gguf_export import convert_to_gguf
+
+    shape = write_gemma3_gguf(tmp_path / "g.gguf", types=QUANTISED)
+    convert_from_gguf(tmp_path / "g.gguf", tmp_path / "run")
+    (tmp_path / "out").mkdir()
+    result = convert_to_gguf(tmp_path / "run", tmp_path / "out" / "e.gguf")
+    assert result["architecture"] == "gemma3" and result["chat_template"] is True
+    ids = torch.randint(0, shape["vocab_size"], (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model_from_checkpoint(tmp_path / "run")[0](ids).float()
+    assert (hf_logits(tmp_path / "out" / "e.gguf", ids) - ours).abs().max().item() <= TOL
+    convert_from_gguf(tmp_path / "out" / "e.gguf", tmp_path / "again")
+    with torch.no_grad():
+        assert torch.equal(model_from_checkpoint(tmp_path / "again")[0](ids).float(), ours)
+    source, exported = (transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+                        for p in (tmp_path / "g.gguf", tmp_path / "out" / "e.gguf"))
+    for text in ["Hello  world\n\n🙂 東京", "  leading spaces\tand </div> tags", "naïve café — it's 12345"]:
+        assert exported(text)["input_ids"] == source(text)["input_ids"], repr(text)
+
+
+def test_to_gguf_refuses_a_gemma3_llama_cpp_would_run_differently(tmp_path):
+    """llama.cpp fixes the local RoPE base (10000) and the layer pattern (every sixth global) for gemma3 files."""
+    import dataclasses
+
+    from meshlm.errors import CheckpointError
+    from meshlm.interop.gguf_export import gguf_architecture
+
+    write_gemma3_gguf(tmp_path / "g.gguf")
+    convert_from_gguf(tmp_path / "g.gguf", tmp_path / "run")
+    cfg = model_from_checkpoint(tmp_path / "run")[1].model
+    assert gguf_architecture(cfg) == "gemma3"
+    with pytest.raises(CheckpointError, match="rope_local_theta differ from what llama.cpp assumes"):
+        gguf_architecture(dataclasses.replace(cfg, rope_local_theta=5000.0))
+    with pytest.raises(CheckpointError, match="layer_kinds differ"):
+        gguf_architecture(dataclasses.replace(cfg, layer_kinds=["global"] + cfg.layer_kinds[1:]))
