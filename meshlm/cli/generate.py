@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from meshlm.checkpoint.load import model_from_checkpoint
     from meshlm.data.posttrain.templates import chat_template_for
     from meshlm.generate import generate
-    from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
+    from meshlm.generate.stops import stop_ids
     from meshlm.tokenizer import MeshTokenizer
 
     if args.max_new_tokens < 1 or args.num_samples < 1:
@@ -102,11 +102,11 @@ def run(args: argparse.Namespace) -> int:
     messages = chat_messages(args)
     model, cfg, _, ckpt = model_from_checkpoint(args.checkpoint, args.device, generates=True)
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
-    eos_ids = checkpoint_eos_ids(ckpt, tokenizer.eos_id)  # e.g. Llama 3.1 Instruct ends turns with several
+    eos_ids = stop_ids(tokenizer, ckpt, chat=False)  # e.g. Llama 3.1 Instruct ends turns with several
     if messages is not None:
         template = chat_template_for(tokenizer, ckpt)
         prompt = template.encode_prompt(messages, where="the chat")
-        eos_ids += [i for i in template.end_of_turn_ids() if i not in eos_ids]  # <|im_end|>, meshlm's <|end|>
+        eos_ids = stop_ids(tokenizer, ckpt, template=template)  # + <|im_end|>, meshlm's <|end|>
     elif args.prompt_ids:
         prompt = parse_ids(args.prompt_ids)
         bad = [i for i in prompt if not 0 <= i < cfg.model.vocab_size]

@@ -131,8 +131,11 @@ class RLObjective(Objective):
                                    extras=ctx.train_loader.extras, max_prompt_tokens=job.data.seq_len,
                                    dp_rank=ctx.engine.dp_rank, dp_size=dp, seed=tc.seed)
         self.chunk = tc.micro_batch_size or tc.batch_size // dp  # rows per no-grad forward while scoring
-        special = ctx.tokenizer.special_ids
-        eos = {ctx.tokenizer.eos_id} | ({special["<|end|>"]} if "<|end|>" in special else set())
+        from meshlm.checkpoint.load import resolve_checkpoint  # not at the top: both import meshlm.objectives
+        from meshlm.generate.stops import stop_ids
+
+        init_from = resolve_checkpoint(job.checkpoint.init_from) if job.checkpoint.init_from else None
+        eos = stop_ids(ctx.tokenizer, init_from)  # the tokenizer's folder (data_setup.load_tokenizer)
         self.sampling = SamplingConfig(oc.max_new_tokens, tuple(sorted(eos)), pad_id_for(ctx.tokenizer),
                                        oc.temperature, oc.top_k, oc.top_p, vocab_limit=ctx.tokenizer.vocab_size)
         self.sampling.validate()

@@ -3,7 +3,7 @@
 Each prompt becomes a one-turn conversation (an optional system message, then the user's prompt) rendered by
 the checkpoint's chat template (meshlm's own, or the Hugging Face template of a converted model), left-padded
 and decoded together with one KV cache by :func:`meshlm.generate.rollout.rollout`. Decoding stops at the
-tokenizer's eos, the chat template's ``<|end|>`` and any extra eos ids of a converted checkpoint. A prompt too
+checkpoint's stop ids (meshlm.generate.stops: its eos ids and its chat template's end-of-turn token). A prompt too
 long for ``model.max_seq_len − max_new_tokens`` keeps its end (the generation prompt), as the post-training
 truncation rule does.
 """
@@ -32,7 +32,7 @@ class CheckpointGenerator:
         from meshlm.checkpoint.load import model_from_checkpoint
         from meshlm.data.posttrain import RowEncoder, pad_id_for
         from meshlm.generate.rollout import SamplingConfig
-        from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
+        from meshlm.generate.stops import stop_ids
         from meshlm.tokenizer import MeshTokenizer
 
         if max_new_tokens < 1:
@@ -40,10 +40,7 @@ class CheckpointGenerator:
         self.model, cfg, _, self.checkpoint = model_from_checkpoint(path, device, generates=True)
         self.tokenizer = MeshTokenizer.load(self.checkpoint / "tokenizer.json")
         self.template = RowEncoder(self.tokenizer, self.checkpoint).template
-        eos = set(checkpoint_eos_ids(self.checkpoint, self.tokenizer.eos_id))
-        end = self.tokenizer.special_ids.get("<|end|>")
-        if end is not None:
-            eos.add(end)
+        eos = stop_ids(self.tokenizer, self.checkpoint, template=self.template)
         self.sampling = SamplingConfig(max_new_tokens, tuple(sorted(eos)), pad_id_for(self.tokenizer),
                                        temperature=temperature, greedy=greedy,
                                        vocab_limit=self.tokenizer.vocab_size)

@@ -27,7 +27,7 @@ from anyio import CapacityLimiter
 from meshlm.checkpoint.load import model_from_checkpoint, weights_sha256
 from meshlm.data.posttrain.templates import chat_template_for
 from meshlm.errors import CheckpointError, UserError
-from meshlm.interop.hf_tokenizer import checkpoint_eos_ids
+from meshlm.generate.stops import stop_ids
 from meshlm.serve.engine import BatchEngine, Sequence
 from meshlm.serve.grammar import GrammarEngine
 from meshlm.serve.multilora import AdapterBank, lora_tensors
@@ -172,10 +172,9 @@ class LocalBackend:
                                   f"{str(entry.weights_sha256)[:12]} (a LoRA base changed?); register it again")
         model.requires_grad_(False)
         tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
-        eos = checkpoint_eos_ids(ckpt, tokenizer.eos_id)
-        end = tokenizer.special_ids.get("<|end|>")
-        chat_eos = eos + ([end] if end is not None and end not in eos else [])
-        return cls(entry.ref, model, tokenizer, chat_template_for(tokenizer, ckpt), eos, chat_eos,
+        template = chat_template_for(tokenizer, ckpt)
+        eos, chat_eos = stop_ids(tokenizer, ckpt, chat=False), stop_ids(tokenizer, ckpt, template=template)
+        return cls(entry.ref, model, tokenizer, template, eos, chat_eos,
                    max_tokens_cap=max_tokens_cap, max_batch=max_batch, max_queue=max_queue, device=device,
                    weights=weights)
 
