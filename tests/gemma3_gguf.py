@@ -52,7 +52,8 @@ def sentencepiece_vocab(size: int = 600, seed: int = 0) -> tuple[list[str], list
 
 
 def write_gemma3_gguf(path: Path, *, seed: int = 0, template: str | None = GEMMA_TEMPLATE, window: int = 5,
-                      types: dict | None = None, dim: int = 64, n_layers: int = 6, ffn: int = 96) -> dict:
+                      types: dict | None = None, dim: int = 64, n_layers: int = 6, ffn: int = 96,
+                      linear_rope: float = 0.0) -> dict:
     """A random Gemma 3 model as llama.cpp writes it; returns its shape (dim, layers, heads, ...)."""
     import gguf
     from gguf.constants import GGMLQuantizationType as Q
@@ -66,6 +67,8 @@ def write_gemma3_gguf(path: Path, *, seed: int = 0, template: str | None = GEMMA
     w.add_feed_forward_length(ffn), w.add_head_count(heads), w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim), w.add_value_length(head_dim), w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1_000_000.0), w.add_sliding_window(window)
+    if linear_rope:  # Gemma 3 4B+ scale their global layers' positions (llama.cpp: rope.scaling.*)
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR), w.add_rope_scaling_factor(linear_rope)
     w.add_tokenizer_model("llama"), w.add_tokenizer_pre("default")
     w.add_token_list(tokens), w.add_token_scores(scores), w.add_token_types(token_types)
     w.add_bos_token_id(2), w.add_eos_token_id(1), w.add_unk_token_id(3), w.add_pad_token_id(0)

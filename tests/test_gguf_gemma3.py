@@ -118,3 +118,19 @@ def test_to_gguf_refuses_a_gemma3_llama_cpp_would_run_differently(tmp_path):
         gguf_architecture(dataclasses.replace(cfg, rope_local_theta=5000.0))
     with pytest.raises(CheckpointError, match="layer_kinds differ"):
         gguf_architecture(dataclasses.replace(cfg, layer_kinds=["global"] + cfg.layer_kinds[1:]))
+
+
+def test_linear_rope_scaling_scales_the_global_layers_only(tmp_path):
+    """Gemma 3 4B+ files say rope.scaling.type linear (factor 8): llama.cpp divides the positions of the global
+    layers by it and leaves the sliding layers unscaled. (transformers' GGUF loader reads no rope.scaling key for
+    gemma3, so there is no reference to compare logits with: the config and the RoPE tables are checked.)"""
+    from meshlm.models.rope import rope_inv_freq
+
+    write_gemma3_gguf(tmp_path / "g.gguf", linear_rope=8.0)
+    result = convert_from_gguf(tmp_path / "g.gguf", tmp_path / "run")
+    cfg = model_from_checkpoint(tmp_path / "run")[1].model
+    assert (cfg.rope_scaling, cfg.rope_scaling_factor) == ("linear", 8.0)
+    assert any(n.startswith("linear RoPE scaling, factor 8 (global layers") for n in result["notes"])
+    plain = 1.0 / (1e6 ** (torch.arange(0, 256, 2).float() / 256))
+    assert torch.allclose(rope_inv_freq(cfg), plain / 8.0)
+    assert torch.allclose(rope_inv_freq(cfg, local=True), 1.0 / (1e4 ** (torch.arange(0, 256, 2).float() / 256)))

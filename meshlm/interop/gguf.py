@@ -81,17 +81,14 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
     if rotary != head_dim or meta.get(f"{arch}.attention.value_length", head_dim) != head_dim:
         raise CheckpointError(f"{source}: rope.dimension_count {rotary} / value_length differ from the head size "
                               f"{head_dim}; meshlm rotates whole heads of equal q/k/v size")
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
-        raise CheckpointError(f"{source}: RoPE scaling '{scaling}' ({arch}.rope.scaling.type) is not supported; "
-                              "meshlm implements none and Llama 3.1's (a rope_freqs tensor in GGUF)")
+    scaling = _rope_scaling(meta, arch, source)
     if "token_embd.weight" not in gguf.tensors:
         raise CheckpointError(f"{source}: no tensor 'token_embd.weight'; the file holds no language model")
     vocab = gguf.shape("token_embd.weight")[0]
     spec = family_spec(family)
     fields = spec.gguf_config_in(meta, arch) if spec.gguf_config_in else {}
     fields.update(qkv_bias=arch == "qwen2", qk_norm=fields.get("qk_norm", arch == "qwen3"),
-                  tie_embeddings="output.weight" not in gguf.tensors)  # the file decides, not the family
+                  tie_embeddings="output.weight" not in gguf.tensors, **scaling)  # the file decides, not the family
     cfg = ModelConfig(
         flavor="debug",  # only the loader's base: every field below is explicit
         dim=dim, n_layers=req("block_count"), n_heads=n_heads,
@@ -111,10 +108,28 @@ def model_config_from_gguf(gguf: GGUFFile) -> tuple[ModelConfig, str, list[str]]
     if cfg.sliding_window and "sliding" in cfg.resolved_layer_kinds():
         notes.append(f"{family}: sliding attention window of {cfg.sliding_window} tokens on "
                      f"{cfg.resolved_layer_kinds().count('sliding')} of {cfg.n_layers} layers")
+    if cfg.rope_scaling == "linear":
+        notes.append(f"linear RoPE scaling, factor {cfg.rope_scaling_factor:g}"
+                     + (" (global layers; the sliding ones unscaled, as llama.cpp runs them)"
+                        if "sliding" in cfg.resolved_layer_kinds() and cfg.rope_local_theta else ""))
     if ROPE_FREQS in gguf.tensors:
         cfg = _llama3_rope(gguf, cfg)
         notes.append(f"Llama 3.1 RoPE scaling (factor {cfg.rope_scaling_factor:g}) read from {ROPE_FREQS}")
     return cfg, arch, notes
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str, source: Path) -> dict[str, Any]:
+    """ModelConfig fields of ``{arch}.rope.scaling.*``: none, or linear (positions divided by the factor, as
+    llama.cpp's freq_scale; Gemma 3 4B+ on its global layers). Llama 3.1's comes as a tensor (rope_freqs)."""
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling in ("none", None):
+        return {}
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if scaling != "linear" or not isinstance(factor, (int, float)) or factor <= 0:
+        raise CheckpointError(f"{source}: RoPE scaling '{scaling}' ({arch}.rope.scaling.type, factor {factor!r}) is "
+                              "not supported; meshlm implements none, linear with a positive factor and Llama 3.1's "
+                              "(a rope_freqs tensor in GGUF)")
+    return {"rope_scaling": "linear", "rope_scaling_factor": float(factor)}
 
 
 def _llama3_rope(gguf: GGUFFile, cfg: ModelConfig) -> ModelConfig:
