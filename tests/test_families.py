@@ -26,7 +26,8 @@ def tiny(family: str, local_rope: bool):
     spec = family_spec(family)
     cfg = dataclasses.replace(flavor_config("debug"), family=family, dim=32, n_layers=3, n_heads=4, n_kv_heads=2,
                               ffn_hidden_dim=64, vocab_size=97, max_seq_len=48, init_std=0.2, sliding_window=5,
-                              layer_kinds=["sliding", "global", "sliding"], rope_local_theta=500.0 if local_rope else 0.0,
+                              layer_kinds=["sliding", "global", "sliding"],
+                              rope_local_theta=500.0 if local_rope else 0.0,
                               **(spec.flags or {}))
     model = build_model(cfg, "cpu", seed=0).eval()
     with torch.no_grad():

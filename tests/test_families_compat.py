@@ -23,3 +23,9 @@ def test_old_checkpoint_loads_with_the_same_logits(name):
         logits = model(expected["tokens"])
     assert torch.equal(logits, expected[name])
     assert logits.shape[-1] == (1 if name == "reward" else cfg.model.vocab_size)
+
+
+def test_old_checkpoints_get_the_head_their_build_has():
+    """Written before model.head: an lm and a reward checkpoint get 'lm' and 'score' (as before, from the build)."""
+    assert model_from_checkpoint(DATA / "lm")[0].cfg.head == "lm"
+    assert model_from_checkpoint(DATA / "reward")[0].cfg.head == "score"

@@ -109,3 +109,26 @@ def test_gemma3_flavour_and_family_flags():
         type(cfg)(**{**vars(cfg), "norm_unit_offset": False}).validate()
     with pytest.raises(ConfigError, match="unknown model family 'gemma9'; known: llama, gemma3"):
         type(cfg)(**{**vars(cfg), "family": "gemma9"}).validate()
+
+
+def test_a_conditional_generation_checkpoint_converts_its_text_model(tmp_path):
+    """Gemma3ForConditionalGeneration (4B and up): the config's text_config, the language model's tensors under
+    model.language_model., the vision tower's left out — the same logits as the text-only model."""
+    from safetensors.torch import load_file, save_file
+
+    reference = write_gemma3(tmp_path / "hf", LAYOUTS["sliding"])
+    folder = tmp_path / "hf"
+    text = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForConditionalGeneration"],
+                                                    "model_type": "gemma3", "text_config": text,
+                                                    "vision_config": {"hidden_size": 8}}))
+    tensors = {k.replace("model.", "model.language_model.", 1): v
+               for k, v in load_file(folder / "model.safetensors").items()}
+    tensors["model.vision_tower.patch_embedding.weight"] = torch.zeros(8, 3)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    result = convert_from_hf(folder, tmp_path / "out")
+    assert result["architecture"] == "Gemma3ForConditionalGeneration"
+    model, _, _, _ = model_from_checkpoint(tmp_path / "out")
+    tokens = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (model(tokens) - reference(tokens).logits).abs().max().item() < TOLERANCE

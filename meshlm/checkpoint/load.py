@@ -1,9 +1,11 @@
 """Loading a checkpoint's model: on one device for inference and inspection, or its weights into parts built
 from its config (a frozen reference, a LoRA run's base).
 
-A checkpoint's model is built as its run built it (meshlm/models/build.py: the meta model, its objective's change,
-LoRA), then materialised and loaded; a LoRA checkpoint holds only its adapters, and its base is
-``checkpoint.init_from`` of its config.
+A checkpoint's model is built as its run built it (meshlm/models/build.py: the meta model of its ``model.family``,
+its objective's change, LoRA), then materialised and loaded; a LoRA checkpoint holds only its adapters, and its
+base is ``checkpoint.init_from`` of its config. What its head is (``model.head``: lm, lm_value, score, classes)
+is read from its config and checked against the built model; a checkpoint written before model.head gets the
+head its build has.
 """
 
 from __future__ import annotations
@@ -57,15 +59,17 @@ def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu", 
                           generates: bool = False) -> tuple[nn.Module, JobConfig, dict[str, Any], Path]:
     """(model in eval mode, the job config it was trained with, its train state, the checkpoint folder). A LoRA
     checkpoint comes back with its base (``checkpoint.init_from`` of its config) and its adapters, unmerged.
-    ``generates=True``: refuse a model without a vocabulary head (a reward model's score head cannot generate)."""
+    ``model.cfg.head`` says what its head is. ``generates=True``: refuse a model without a vocabulary head (a
+    reward model's score head, a classifier's class head cannot generate)."""
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt / "config.toml")
     # Post-training checkpoints rebuild what their objective and LoRA changed (a score head; base + adapters).
     model = rebuild_on_device(ckpt, cfg, torch.device(device))
-    if generates and model.output.out_features != cfg.model.vocab_size:
-        raise CheckpointError(f"{ckpt} is a {cfg.training.objective} model with {model.output.out_features} "
-                              f"output(s), not a vocabulary head (a reward model's score head): it scores sequences "
-                              "and cannot generate; pass a policy checkpoint")
+    head = model.cfg.head
+    if generates and head not in ("lm", "lm_value"):
+        what = {"score": "a reward model's score head", "classes": "a classifier's class head"}.get(head, head)
+        raise CheckpointError(f"{ckpt} has {what} ({model.output.out_features} output(s)), not a vocabulary head: "
+                              "it scores or classifies sequences and cannot generate; pass a policy checkpoint")
     return model, cfg, read_train_state(ckpt), ckpt
 
 
@@ -79,8 +83,13 @@ def source_config(checkpoint: str | Path) -> tuple[Path, JobConfig]:
 def rebuild_on_device(path: Path, cfg: JobConfig, device: torch.device | str) -> nn.Module:
     """The model of a checkpoint on one device (generate, convert, inspect): adapted as its objective says, with
     base + adapters for a LoRA checkpoint."""
+    written = cfg.model.head  # "" in checkpoints written before model.head
     model = meta_model(cfg.model)
-    adapt_meta_model(model, build_objective(cfg.training.objective, cfg.objective), cfg.lora)
+    adapt_meta_model(model, build_objective(cfg.training.objective, cfg.objective), cfg.lora)  # sets model.head
+    if written and written != model.cfg.head:
+        raise CheckpointError(f"{path}: its config says model.head = '{written}' but training.objective "
+                              f"'{cfg.training.objective}' builds a '{model.cfg.head}' head; the config was edited "
+                              "by hand or belongs to another checkpoint")
     materialize(model, device, cfg.training.seed)
     load_checkpoint_weights(path, cfg, [model])
     return model.eval()

@@ -54,9 +54,9 @@ def convert_to_gguf(checkpoint: str | Path, out: str | Path, *, dtype: str = "f3
     if not (ckpt / "tokenizer.json").is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no tokenizer.json; it cannot be exported with its tokenizer")
     model, job, _, ckpt = model_from_checkpoint(ckpt)
-    if job.training.objective == "reward":
-        raise CheckpointError(f"{ckpt} is a reward model (a score head, not a language-model head); GGUF holds "
-                              "language models — export it with `meshlm convert to-hf` instead")
+    if model.cfg.head not in ("lm", "lm_value"):
+        raise CheckpointError(f"{ckpt} has a {model.cfg.head} head, not a language-model head; GGUF holds language "
+                              "models — export a score head with `meshlm convert to-hf` instead")
     merge_lora(model)  # no-op without adapters
     cfg = job.model
     arch = gguf_architecture(cfg)

@@ -94,10 +94,15 @@ def convert_from_hf(hf_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
 
 
 def _check_tensors(weights: SafetensorsWeights, cfg: ModelConfig) -> dict[str, str]:
-    """meshlm name -> HF name for every expected tensor, each present with the right shape; nothing unknown."""
+    """meshlm name -> HF name for every expected tensor, each present with the right shape; nothing unknown. A
+    multimodal checkpoint's language model is read under its own prefix, its other towers left out (the family
+    spec's hf_text_prefixes / hf_skip_prefixes)."""
+    spec = family_spec(cfg.family)
     names = {}
     for name, shape in expected_shapes(cfg).items():
         hf = hf_name(name, cfg.family)
+        inner = [p + hf.removeprefix("model.") for p in spec.hf_text_prefixes if hf.startswith("model.")]
+        hf = next((n for n in [hf, *inner] if n in weights.entries), hf)
         if hf not in weights.entries:
             raise CheckpointError(f"tensor '{hf}' is missing from the weights; the files do not match "
                                   "config.json (or the download is incomplete)")
@@ -109,7 +114,7 @@ def _check_tensors(weights: SafetensorsWeights, cfg: ModelConfig) -> dict[str, s
         names[name] = hf
     ignorable = {"lm_head.weight"} if cfg.tie_embeddings else set()  # HF ties it to the embedding on load too
     unknown = sorted(n for n in weights.entries if n not in names.values() and n not in ignorable
-                     and not _DERIVED.search(n))
+                     and not _DERIVED.search(n) and not n.startswith(spec.hf_skip_prefixes or ("\0",)))
     if unknown:
         raise CheckpointError(f"tensor '{unknown[0]}' (and {len(unknown) - 1} more) has no meshlm counterpart; "
                               "this variant of the architecture is not supported")
@@ -175,7 +180,11 @@ def convert_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_byte
     if adapter_only:
         return _export_adapter(model, job, ckpt, out_dir, overwrite)
     merge_lora(model)  # no-op without adapters
-    reward = job.training.objective == "reward"
+    head = model.cfg.head  # the checkpoint's model.head (checkpoint/load.py)
+    if head == "classes":
+        raise CheckpointError(f"{ckpt} has a classes head (one logit per class, with a bias), which no transformers "
+                              "...ForSequenceClassification holds (their score has no bias); it has no HF form yet")
+    reward = head == "score"
     cfg = model.cfg if reward else job.model  # a reward model's head is untied from the embedding
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")  # reads tokenizer_meta.json when converted from HF
     if tokenizer.vocab_size > cfg.vocab_size:
@@ -223,8 +232,8 @@ def _export_tensors(model: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype
     for name, t in model.state_dict().items():
         if cfg.tie_embeddings and name == "output.weight":
             continue  # HF ties lm_head to the embedding on load
-        if name.endswith((".lora_A", ".lora_B")):
-            continue  # merged into the base weight
+        if name.endswith((".lora_A", ".lora_B")) or name.startswith("output.value."):
+            continue  # merged into the base weight; a PPO value head is no part of the HF language model
         out = t.detach().to(dtype).contiguous()
         if dtype == torch.float16 and torch.isinf(out).any() and not torch.isinf(t).any():
             raise CheckpointError(f"tensor '{name}' has values beyond fp16's range (|x| > 65504, max "

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from meshlm.models.config import ModelConfig
+from meshlm.models.head import head_kind
 from meshlm.models.init import materialize
 from meshlm.models.llama import Transformer
 from meshlm.models.lora import apply_lora
@@ -28,8 +29,11 @@ def meta_model(cfg: ModelConfig) -> Transformer:
 
 def adapt_meta_model(model: nn.Module, objective: Objective, lora: LoRAConfig) -> None:
     """The objective's change to the architecture (a score head, a value head), then LoRA (which freezes
-    everything but the adapters)."""
+    everything but the adapters). What the head now is goes into ``model.head`` of the config the model was built
+    from (a run's ``cfg.model``, which its checkpoints write), so readers take it from the checkpoint."""
+    built_from = model.cfg
     objective.adapt_model(model)
+    built_from.head = model.cfg.head = head_kind(model)
     if lora.enabled:
         apply_lora(model, lora.targets, lora.rank, lora.alpha, lora.dropout)
         # Modules the objective added (a score head) are new: they train beside the adapters.

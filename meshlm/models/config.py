@@ -15,7 +15,7 @@ CUSTOM_FLAVOR = "custom"
 SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden_dim", "vocab_size", "qkv_bias",
               "qk_norm", "tie_embeddings", "post_norms")
 LAYER_KINDS = ("global", "sliding")
-HEADS = ("lm", "score", "classes")
+HEADS = ("lm", "lm_value", "score", "classes")
 
 
 @dataclass
@@ -26,9 +26,10 @@ class ModelConfig:
     family: str = option("llama", "Model family (a module of meshlm/models/families/: llama — also Mistral, Qwen2, "
                                   "Qwen3 — or gemma3): its external tensor names, config mappers and block flags. "
                                   "Written into every checkpoint.")
-    head: str = option("", "What the output head is: lm (vocabulary logits), score (one scalar: a reward or value "
-                           "model), classes (one logit per class); written by training; '' (checkpoints written "
-                           "before model.head): inferred from training.objective.", choices=("", *HEADS))
+    head: str = option("", "What the output head is: lm (vocabulary logits), lm_value (with a value head beside them, "
+                           "PPO), score (one scalar: a reward model), classes (one logit per class); written into "
+                           "every checkpoint by training; '' (checkpoints written before model.head): inferred.",
+                       choices=("", *HEADS))
     dim: int = option(64, "Hidden size h.")
     n_layers: int = option(4, "Number of transformer blocks.")
     n_heads: int = option(4, "Attention (query) heads.")

@@ -73,6 +73,10 @@ class FamilySpec:
     hf_model_types: tuple[str, ...] = ()  # ... and "model_type"
     # (parsed config.json, its path) -> (ModelConfig, notes for the user); refuses what meshlm cannot run exactly.
     hf_config_in: Callable[..., Any] | None = None
+    # Where a multimodal checkpoint keeps the language model's "model." tensors instead, and the prefixes of the
+    # other towers' tensors, which import leaves out (Gemma3ForConditionalGeneration).
+    hf_text_prefixes: tuple[str, ...] = ()
+    hf_skip_prefixes: tuple[str, ...] = ()
     # (ModelConfig, bos_id, eos_ids, pad_id, dtype) -> config.json fields
     hf_config_out: Callable[..., dict[str, Any]] | None = None
     gguf_architectures: tuple[str, ...] = ()  # llama.cpp general.architecture values this family reads

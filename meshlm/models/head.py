@@ -199,3 +199,17 @@ class OutputHead(nn.Linear):
             logits = F.linear(h, self.weight)
             return ChunkedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), CHUNK_ROWS)
         return linear_cross_entropy_sum(h, self.weight, labels)
+
+
+def head_kind(model: nn.Module) -> str:
+    """What ``model``'s output head is (``model.head``, meshlm/models/config.py), from the module itself: ``lm``
+    (vocabulary logits), ``lm_value`` (vocabulary logits with a value head beside them, PPO), ``score`` (one
+    output without a bias: a reward model) or ``classes`` (one logit per class, with a bias)."""
+    out = model.output
+    if isinstance(out, OutputHead) or (isinstance(out, nn.Linear) and out.out_features == model.cfg.vocab_size
+                                       and not hasattr(out, "value") and out.bias is None):
+        return "lm"
+    if hasattr(out, "value"):
+        return "lm_value"
+    return "score" if out.out_features == 1 and out.bias is None else "classes"
+

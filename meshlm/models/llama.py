@@ -122,7 +122,8 @@ class Attention(nn.Module):
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """softmax(q k^T · scale) v (scale None: 1 / sqrt(Dh)) where query t (the last T of S positions) sees keys 0..S-T+t.
+    """softmax(q k^T · scale) v (scale None: 1 / sqrt(Dh)) where query t (the last T of S positions) sees keys
+    0..S-T+t.
 
     q: (B, H, T, Dh); k, v: (B, Hkv, S, Dh). Query head h reads kv head h // (H / Hkv), as HF's repeat_kv
     and sdpa's enable_gqa do, so no repeated copy of k/v is materialised.

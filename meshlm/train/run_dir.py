@@ -53,7 +53,8 @@ def init_run_dir(run_dir: Path, config_toml: str, resume: bool) -> None:
 def _check_same_model(existing: Path, config_toml: str) -> None:
     old = tomllib.loads(existing.read_text()).get("model", {})
     new = tomllib.loads(config_toml).get("model", {})
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    # model.head is what the build made of the head (models/build.py), written once the model is built: not an input
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k != "head")
     if changed:
         raise CheckpointError(f"--resume: the model differs from the run in {existing.parent} "
                               f"(model.{', model.'.join(changed)}); resume with the same [model] or use a new "

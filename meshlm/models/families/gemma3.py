@@ -28,7 +28,8 @@ FLAGS = {"norm_unit_offset": True, "post_norms": True, "mlp_activation": "gelu_t
 # transformers' Gemma3TextConfig defaults, for keys a config.json leaves out (as transformers itself reads it).
 _HF_DEFAULTS = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 4096,
                 "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "rms_norm_eps": 1e-6,
-                "tie_word_embeddings": True, "sliding_window_pattern": 6, "initializer_range": 0.02}
+                "tie_word_embeddings": True, "sliding_window_pattern": 6, "initializer_range": 0.02,
+                "num_key_value_heads": 4, "head_dim": 256}
 _KINDS = {"sliding_attention": "sliding", "full_attention": "global"}
 
 
@@ -104,7 +105,7 @@ def config_from_hf(hf: dict[str, Any], source: Path):
     window = int(_get(text, "sliding_window") or 0)  # kept with no sliding layer too: written back as read
     cfg = ModelConfig(
         flavor="custom", family="gemma3", dim=dim, n_layers=n_layers, n_heads=n_heads,
-        n_kv_heads=text.get("num_key_value_heads") or n_heads, head_dim=text.get("head_dim") or dim // n_heads,
+        n_kv_heads=int(_get(text, "num_key_value_heads")), head_dim=int(_get(text, "head_dim")),
         ffn_hidden_dim=_int(text, "intermediate_size", source), vocab_size=_int(text, "vocab_size", source),
         max_seq_len=_int(text, "max_position_embeddings", source), norm_eps=float(_get(text, "rms_norm_eps")),
         tie_embeddings=bool(_get(text, "tie_word_embeddings")), init_std=float(_get(text, "initializer_range")),
@@ -189,6 +190,9 @@ SPEC = FamilySpec(
     hf_architectures=(ARCHITECTURE, "Gemma3ForConditionalGeneration"),
     hf_model_types=(MODEL_TYPE, "gemma3"),
     hf_config_in=config_from_hf,
+    hf_text_prefixes=("model.language_model.", "language_model.model."),  # transformers 5 / 4.5x layouts
+    hf_skip_prefixes=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                      "multi_modal_projector.", "language_model.lm_head."),
     hf_config_out=config_to_hf,
     gguf_architectures=("gemma3",),
     gguf_interleaved_qk=(),  # llama.cpp runs Gemma with NeoX-style RoPE: rows stay in rotate-half order
