@@ -139,19 +139,30 @@ def test_models_it_cannot_replace_keep_their_own_forward():
     assert fast_forward(plain) is plain
 
 
-def test_a_one_row_cpu_step_runs_on_one_thread_and_restores_the_count():
-    from meshlm.generate.decode import _one_thread_for_one_row
+def test_one_sequence_runs_on_one_thread_and_restores_the_count():
+    """Regression (issue 31): a one-sequence prefill ran on the process's threads, the decode steps on one; on the
+    shared 2-core machine the two-thread prefill made the time to first token 1.9 s against 0.3 s."""
+    from meshlm.generate.decode import _one_thread_for_one_sequence
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with _one_thread_for_one_row(1, torch.device("cpu")):
+        with _one_thread_for_one_sequence(1, torch.device("cpu")):
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        with _one_thread_for_one_row(4, torch.device("cpu")):  # several rows (or prefill): the process's threads
+        with _one_thread_for_one_sequence(4, torch.device("cpu")):  # a batch: the process's threads
             assert torch.get_num_threads() == 2
-        with pytest.raises(RuntimeError, match="boom"), _one_thread_for_one_row(1, torch.device("cpu")):
+        with pytest.raises(RuntimeError, match="boom"), _one_thread_for_one_sequence(1, torch.device("cpu")):
             raise RuntimeError("boom")
         assert torch.get_num_threads() == 2
+        model = tiny()
+        net = fast_forward(model)
+        seen = []
+        forward = net._forward
+        net._forward = lambda *a: seen.append((a[0].shape, torch.get_num_threads())) or forward(*a)
+        with torch.inference_mode():
+            net(torch.randint(0, model.cfg.vocab_size, (1, 8)), cache=model.new_cache(1, 9))  # a prefill
+            net(torch.randint(0, model.cfg.vocab_size, (3, 8)), cache=model.new_cache(3, 9))
+        assert seen == [((1, 8), 1), ((3, 8), 2)] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -127,11 +127,14 @@ def run_generate(args: argparse.Namespace) -> int:
           f"{r['new_tokens']} new tokens, {'plain forward' if args.plain else 'fast path'}, {r['weights']} weights, "
           f"{r['device']} "
           f"({r['num_threads']} threads)")
-    print(f"  {r['tokens_per_s']:,.1f} tokens/s, first token {1e3 * r['time_to_first_token_s']:.1f} ms, "
-          f"{r['ms_per_step']:.1f} ms per decode step (bandwidth bound {r['bandwidth_bound_ms_per_step']:.1f} ms: "
-          f"{r['weight_bytes'] / 1e6:.0f} MB at {r['copy_bytes_per_s'] / 1e9:.1f} GB/s)")
+    print(f"  end to end {r['tokens_per_s']:,.1f} tokens/s: first token {1e3 * r['time_to_first_token_s']:.1f} ms, "
+          f"then {r['ms_per_step']:.1f} ms per decode step (bandwidth bound {r['bandwidth_bound_ms_per_step']:.1f} "
+          f"ms: {r['weight_bytes'] / 1e6:.0f} MB at {r['copy_bytes_per_s'] / 1e9:.1f} GB/s)")
     if args.compare_hf:
-        print(f"  transformers generate: {r['hf_tokens_per_s']:,.1f} tokens/s, {r['hf_ms_per_step']:.1f} ms per step; "
-              f"meshlm/HF = {r['ratio_to_hf']:.2f}; greedy tokens identical: {r['hf_identical']} "
-              f"({r['hf_identical_rows']}/{r['batch']} rows)")
+        print(f"  transformers generate: end to end {r['hf_tokens_per_s']:,.1f} tokens/s, first token "
+              f"{1e3 * r['hf_time_to_first_token_s']:.1f} ms, {r['hf_ms_per_step']:.1f} ms per step; meshlm/HF end to "
+              f"end = {r['ratio_to_hf']:.2f}, first token {r['ttft_to_hf']:.2f}x HF's; greedy tokens identical: "
+              f"{r['hf_identical']} ({r['hf_identical_rows']}/{r['batch']} rows)")
+    print(f"  fast-path packs: {r['pack_bytes'] / 1e6:.0f} MB beside the weights, made once in "
+          f"{r['pack_build_s']:.2f} s; load average {r['load_average_start']:.1f} -> {r['load_average_end']:.1f}")
     return 0

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from meshlm.checkpoint.load import model_from_checkpoint
     from meshlm.data.posttrain.templates import chat_template_for
     from meshlm.generate import generate
+    from meshlm.generate.decode import FastForward, fast_forward
     from meshlm.generate.stops import stop_ids
     from meshlm.tokenizer import MeshTokenizer
 
@@ -116,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         prompt = tokenizer.prompt_ids(args.prompt or "")
         if not prompt:
             raise ConfigError("--prompt is empty and this tokenizer adds no bos token; give some prompt text")
+    forward = fast_forward(model, args.weights)
+    if isinstance(forward, FastForward):
+        forward.prepare(1)  # the packs, once at load: no sample pays for them
     for i in range(args.num_samples):
         new = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, greedy=args.greedy, eos_id=eos_ids, seed=args.seed + i,

@@ -28,7 +28,8 @@ from torch import nn
 
 from meshlm.errors import ConfigError
 from meshlm.generate.int8 import Int8Matrix, check_weight_format
-from meshlm.generate.packed import PackedLayer, PackedModel, _inner, packed_weights, unsupported_reason
+from meshlm.generate.packed import (PackedLayer, PackedModel, _inner, pack_bytes, pack_variant, packed_weights,
+                                    unsupported_reason)
 from meshlm.models.fused import rope_tables
 from meshlm.models.llama import KVCache, Transformer, attention_mask
 
@@ -57,6 +58,16 @@ class FastForward:
         error of the cache every later step reads (SmolLM2: logits 0.28 off fp32's over the steps against 0.14;
         docs/benchmarks.md "int8 decode weights")."""
         return packed_weights(self.model, batch, self.weight_format if decode else "fp32")
+
+    def prepare(self, batch: int = 1) -> int:
+        """Make now the packs that generating ``batch`` rows will multiply — the prefill's and the decode steps'
+        — so that no call pays for them (the packs last while the parameters are unchanged; packed.py), and
+        return the bytes they hold beyond the model's own weights (:func:`~meshlm.generate.packed.pack_bytes`:
+        SmolLM2-135M, fp32, batch 1: the row pack's copies, ~400 MB; a batch's view pack: ~0)."""
+        variants = {pack_variant(self.model, batch, self.weight_format): (batch, self.weight_format),
+                    pack_variant(self.model, 1 << 20, "fp32"): (1 << 20, "fp32")}  # decode, then a prefill's
+        return sum(pack_bytes(packed_weights(self.model, rows, weights), self.model)
+                   for rows, weights in variants.values())
 
     def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):
         """Full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by every layer."""
@@ -90,7 +101,7 @@ class FastForward:
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.model.layers)}")
         if padding_mask is not None and tuple(padding_mask.shape) != (B, S):
             raise ValueError(f"padding_mask must be (B, S) = {(B, S)}, got {tuple(padding_mask.shape)}")
-        with _one_thread_for_one_row(B * T, tokens.device, self.weight_format):
+        with _one_thread_for_one_sequence(B, tokens.device):
             return self._forward(tokens, cache, start_pos, position_ids, padding_mask)
 
     def _forward(self, tokens: torch.Tensor, cache: list[KVCache], start_pos: int, position_ids: torch.Tensor | None,
@@ -127,16 +138,22 @@ class FastForward:
 
 
 @contextmanager
-def _one_thread_for_one_row(rows: int, device: torch.device, weights: str = "fp32") -> Iterator[None]:
-    """A CPU step of one row (a single stream's decode step) runs on one intra-op thread: its ~200 matrix-vector
-    products and few thousand small ops each pay an OpenMP fork and barrier per extra thread, which cost more than
-    the second thread's bandwidth brings (SmolLM2-135M, quiet: 43.6 ms a step on one thread, 48.3 ms on two;
-    docs/benchmarks.md "Decoding"). More rows, or prefill, keep the process's threads. ``torch.set_num_threads``
-    sets the calling thread's count and the default of threads that start using torch meanwhile; it is restored
-    after the step (a server thread whose first torch call falls inside a one-row step keeps one thread). int8
-    steps keep the process's threads (one and two measured alike: 36.4 and 36.9 ms a step)."""
+def _one_thread_for_one_sequence(batch: int, device: torch.device) -> Iterator[None]:
+    """A CPU forward of one sequence — its prefill and each of its decode steps — runs on one intra-op thread.
+
+    Its ops are small (one row at a decode step; at prefill, a prompt's worth of rows times matrices of a few
+    hundred columns), and every extra OpenMP thread adds a fork and a barrier per op, which a busy machine turns
+    into waits for a descheduled thread. Measured on SmolLM2-135M (docs/benchmarks.md, "Time to first token"):
+    a 32-token prefill took a median 0.15-0.17 s on one thread and 1.5-6 s on two at load 8 on the 2-core
+    development machine, at every layout and at every prompt length from 8 to 128 tokens; the decode step took
+    43.6 ms on one thread and 48.3 ms on two even on a quiet machine (session 10). The bench's time to first token
+    (prefill + one sample) fell from 1.9 s to 0.3 s with it. Batches keep the process's threads.
+
+    ``torch.set_num_threads`` sets the calling thread's count and the default of threads that start using torch
+    meanwhile; it is restored after the forward (a server thread whose first torch call falls inside one keeps
+    one thread). Switching back and forth every step was measured harmless (same load, same medians)."""
     threads = torch.get_num_threads()
-    if rows != 1 or device.type != "cpu" or threads == 1 or weights != "fp32":
+    if batch != 1 or device.type != "cpu" or threads == 1:
         yield
         return
     torch.set_num_threads(1)

@@ -182,16 +182,20 @@ def _state_key(model: nn.Module) -> tuple:
 _PACKS: "weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[tuple, PackedModel]]]" = weakref.WeakKeyDictionary()
 
 
-def packed_weights(model: Transformer, batch: int, weights: str = "fp32") -> PackedModel:
-    """The pack for ``batch`` rows of ``model``'s current weights in format ``weights`` (fp32: the row or the
-    view pack by the batch; int8: one pack for every batch): the one made earlier when no parameter changed
-    since, else new."""
-    model = _inner(model)
+def pack_variant(model: nn.Module, batch: int, weights: str = "fp32") -> str:
+    """The pack a forward of ``batch`` rows (batch x new tokens) multiplies: the row or the view pack by the rows
+    (fp32), the int8 pack for every batch."""
     if weights == "int8":
-        variant = "int8"
-    else:
-        cpu = next(model.parameters()).device.type == "cpu"
-        variant = "rows" if batch <= (ROW_PACK_MAX_BATCH if cpu else OTHER_DEVICE_ROW_PACK_MAX_BATCH) else "views"
+        return "int8"
+    cpu = next(model.parameters()).device.type == "cpu"
+    return "rows" if batch <= (ROW_PACK_MAX_BATCH if cpu else OTHER_DEVICE_ROW_PACK_MAX_BATCH) else "views"
+
+
+def packed_weights(model: Transformer, batch: int, weights: str = "fp32") -> PackedModel:
+    """The pack for ``batch`` rows of ``model``'s current weights in format ``weights`` (:func:`pack_variant`):
+    the one made earlier when no parameter changed since, else new."""
+    model = _inner(model)
+    variant = pack_variant(model, batch, weights)
     key = _state_key(model)
     packs = _PACKS.setdefault(model, {})
     hit = packs.get(variant)
@@ -201,3 +205,22 @@ def packed_weights(model: Transformer, batch: int, weights: str = "fp32") -> Pac
     packed = pack(model, variant)
     packs[variant] = (key, packed)
     return packed
+
+
+def pack_bytes(packed: PackedModel, model: nn.Module) -> int:
+    """Memory a pack holds beyond ``model``'s own parameters: its copies (fused, transposed-contiguous, LoRA-merged
+    matrices; an int8 matrix as one byte an entry plus an fp32 scale a row and its bias); views of a parameter
+    cost nothing."""
+    own = {p.untyped_storage().data_ptr() for p in _inner(model).parameters()}
+    tensors: list = [packed.embedding, packed.norm, packed.head]
+    for layer in packed.layers:
+        tensors += [layer.attention_norm, *layer.wqkv, layer.bqkv, layer.qk_norm, layer.wo, layer.ffn_norm,
+                    *layer.w13, layer.w2]
+    total = 0
+    for t in tensors:
+        if isinstance(t, Int8Matrix):
+            rows, cols = t.shape[1], t.shape[0]  # (out, in) of an (in, out)-shaped matrix
+            total += rows * cols + 4 * rows + (0 if t.bias is None else 4 * t.bias.numel())
+        elif t is not None and t.untyped_storage().data_ptr() not in own:
+            total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,83 @@
+"""``meshlm bench generate`` measures what a user feels (issue 31): end-to-end tokens/s as the headline, time to
+first token and ms per step beside it, transformers' figures and ratios, the fast path's pack memory made once
+before the timed runs, and the machine's load."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from meshlm.cli.main import main  # noqa: E402
+from meshlm.generate.decode import fast_forward  # noqa: E402
+from meshlm.generate.packed import pack_bytes, packed_weights  # noqa: E402
+from meshlm.interop import convert_from_hf  # noqa: E402
+from meshlm.models import build_model, flavor_config  # noqa: E402
+from tiny_hf import VOCAB_ROWS, chatml_tokenizer, write_chatml_llama  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+D, LAYERS, HEADS, KV_HEADS, FFN = 64, 2, 4, 2, 128  # write_chatml_llama's shapes
+DH = D // HEADS
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-generate")
+    write_chatml_llama(root / "hf", chatml_tokenizer())
+    convert_from_hf(root / "hf", root / "run")
+    return root / "run"
+
+
+def bench(args, capfd):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "generate", "--device", "cpu", "--repeats", "1", "--warmup", "0", *args])
+    return exc.value.code, capfd.readouterr().out
+
+
+def test_end_to_end_headline_first_token_and_pack_memory(run, capfd):
+    code, out = bench(["--checkpoint", str(run), "--prompt-len", "6", "--new-tokens", "5", "--compare-hf", "--json"],
+                      capfd)
+    r = json.loads(out)
+    assert code == 0 and r["hf_identical"] is True
+    assert r["end_to_end_tokens_per_s"] == r["tokens_per_s"] == pytest.approx(5 / r["total_s"])
+    assert r["decode_tokens_per_s"] == pytest.approx(1e3 / r["ms_per_step"])
+    assert r["ttft_to_hf"] == pytest.approx(r["time_to_first_token_s"] / r["hf_time_to_first_token_s"])
+    assert r["hf_end_to_end_tokens_per_s"] == r["hf_tokens_per_s"]
+    # batch 1 decodes on the row pack: fused q/k/v and gate/up, o and the tied head transposed, each an fp32 copy;
+    # the prefill's view pack copies nothing
+    per_layer = D * (HEADS + 2 * KV_HEADS) * DH + D * 2 * FFN + HEADS * DH * D
+    assert r["pack_bytes"] == 4 * (LAYERS * per_layer + D * VOCAB_ROWS) and r["pack_build_s"] > 0
+    assert r["load_average_start"] >= 0 and r["load_average_end"] >= 0
+    code, out = bench(["--checkpoint", str(run), "--prompt-len", "6", "--new-tokens", "5"], capfd)
+    assert code == 0 and "end to end" in out.splitlines()[1] and "fast-path packs" in out
+
+
+def test_a_batch_adds_no_pack_memory_and_plain_none(run, capfd):
+    code, out = bench(["--checkpoint", str(run), "--batch", "3", "--prompt-len", "4", "--new-tokens", "3", "--json"],
+                      capfd)
+    assert code == 0 and json.loads(out)["pack_bytes"] == 0
+    code, out = bench(["--checkpoint", str(run), "--plain", "--prompt-len", "4", "--new-tokens", "3", "--json"], capfd)
+    r = json.loads(out)
+    assert code == 0 and r["pack_bytes"] == 0 and r["pack_build_s"] == 0
+
+
+def test_prepare_makes_the_packs_once_and_int8_counts_a_byte_an_entry():
+    cfg = dataclasses.replace(flavor_config("debug"), dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64,
+                              vocab_size=97, max_seq_len=32)
+    model = build_model(cfg, "cpu", seed=0).eval()
+    forward = fast_forward(model)
+    extra = forward.prepare(1)
+    assert extra > 0
+    packs = packed_weights(model, 1), packed_weights(model, 64)
+    assert forward.prepare(1) == extra and (packed_weights(model, 1), packed_weights(model, 64)) == packs  # reused
+    int8 = packed_weights(model, 1, "int8")
+    matrices = [int8.head] + [m for layer in int8.layers for m in (*layer.wqkv, layer.wo, *layer.w13, layer.w2)]
+    assert pack_bytes(int8, model) == sum(m.shape[0] * m.shape[1] + 4 * m.shape[1] for m in matrices)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # a changed parameter: the next prepare makes new packs
+    forward.prepare(1)
+    assert packed_weights(model, 1) is not packs[0]
