@@ -94,3 +94,27 @@ def test_one_kv_head_over_two_ranks_is_refused_naming_tp():
     dims = ParallelDims.from_config(cfg.parallel, 2)
     with pytest.raises(ConfigError, match=r"model.n_kv_heads \(1\) is not divisible by parallel.tp \(2\)"):
         dims.validate_model(cfg.model, cfg.parallel, cfg.data.seq_len, 1)
+
+
+GEMMA3_TINY = ["model.family=gemma3", "model.norm_unit_offset=true", "model.post_norms=true",
+               "model.mlp_activation=gelu_tanh", "model.scale_embeddings=true", "model.qk_norm=true",
+               "model.sliding_window=8", 'model.layer_kinds=["sliding","sliding","sliding","global"]',
+               "model.rope_local_theta=10000.0", "model.rope_theta=1000000.0", "model.query_pre_attn_scalar=16.0",
+               "model.tie_embeddings=true", "data.seq_len=32", "training.batch_size=4", "metrics.progress=plain",
+               "metrics.tensorboard=false", "training.eval_interval=0"]
+
+
+@pytest.mark.parametrize("layout", [["parallel.dp_shard=2"],
+                                    ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=1f1b",
+                                     "parallel.microbatches=2"]], ids=["fsdp2", "pp2-1f1b"])
+def test_gemma3_trains_like_one_device_under_fsdp_and_pipelining(layout, debug_dataset):
+    """`meshlm diagnose parity` on the debug shape with Gemma 3's flags: 3 steps of FSDP2 / a 2-stage pipeline
+    give the single device's losses and grad norms (the tool's own tolerances: 1e-4 / 1e-3 relative)."""
+    import json
+
+    from helpers import meshlm
+
+    sets = [a for o in [*GEMMA3_TINY, f'data.path="{debug_dataset}"', *layout] for a in ("--set", o)]
+    proc = meshlm("diagnose", "parity", *sets, "--nproc", "2", "--steps", "3", "--json")
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert report["ok"] and len(report["steps"]) == 3, report
