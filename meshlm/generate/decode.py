@@ -147,11 +147,11 @@ def _one_thread_for_one_sequence(batch: int, device: torch.device) -> Iterator[N
     a 32-token prefill took a median 0.15-0.17 s on one thread and 1.5-6 s on two at load 8 on the 2-core
     development machine, at every layout and at every prompt length from 8 to 128 tokens; the decode step took
     43.6 ms on one thread and 48.3 ms on two even on a quiet machine (session 10). The bench's time to first token
-    (prefill + one sample) fell from 1.9 s to 0.3 s with it. Batches keep the process's threads.
+    (prefill + one sample) fell from 1.89 s to 0.16 s with it. Batches keep the process's threads.
 
     ``torch.set_num_threads`` sets the calling thread's count and the default of threads that start using torch
     meanwhile; it is restored after the forward (a server thread whose first torch call falls inside one keeps
-    one thread). Switching back and forth every step was measured harmless (same load, same medians)."""
+    one thread). Switching back and forth every step measured no slower than not switching."""
     threads = torch.get_num_threads()
     if batch != 1 or device.type != "cpu" or threads == 1:
         yield
