@@ -1,8 +1,8 @@
 """``meshlm bench generate``: decoding speed of a checkpoint, and transformers' ``generate`` on the same weights.
 
 The headline is end to end, as a user feels it: ``tokens_per_s`` (= ``end_to_end_tokens_per_s``) is B × N new
-tokens over the whole call, prefill included. Every row gets exactly N new tokens (no eos: ``eos_ids`` is empty for meshlm, HF's eos is unset and
-``min_new_tokens = N``), greedy, from B prompts of P random ids (seeded). A timed run is the rollout sampler
+tokens over the whole call, prefill included. Every row gets exactly N new tokens (no eos: ``eos_ids`` is empty
+for meshlm, HF's eos is unset and ``min_new_tokens = N``), greedy, from B prompts of P random ids (seeded). A timed run is the rollout sampler
 (meshlm/generate/rollout.py) end to end: prefill, N samples, N − 1 decode steps. Time to first token is a run of
 N = 1 (prefill + one sample); a decode step is (full − first) / (N − 1). Runs alternate between the contenders
 (a, b, a, b, ...) so that a shared machine's load falls on both alike; figures are medians.
