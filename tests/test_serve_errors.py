@@ -93,3 +93,24 @@ def test_each_broken_request_has_one_record(served):
     assert len(records) == 4 and all(r["status"] == 500 for r in records)
     assert {r["version"] for r in records} == {"broken:v1", "midway:v1"}
     assert not any("alice" in line or "exploded" in line for line in logs)  # exception text never logged
+
+
+def test_non_finite_json_constants_are_refused_and_audited(served):
+    """Python's json reads NaN/Infinity; a refused request's raw prompt holding one once broke the audit write
+    (500, no record). Now: 400 invalid_json naming the constant, and its one record."""
+    url, audit, _ = served
+    before = len(export(audit))
+    r = httpx2.post(url + "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                    content=b'{"model": "broken", "messages": [{"role": "user", "content": NaN}]}')
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    assert "NaN" in r.json()["error"]["message"]
+    records = export(audit)[before:]
+    assert len(records) == 1 and records[0]["status"] == 400
+
+
+def test_sanitize_value_keeps_non_finite_floats_as_text():
+    import json
+
+    from meshlm.serve.audit import sanitize_value
+    clean = sanitize_value({"a": float("nan"), "b": [float("inf"), -float("inf")], "c": 1.5})
+    assert json.loads(json.dumps(clean, allow_nan=False)) == {"a": "nan", "b": ["inf", "-inf"], "c": 1.5}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import sqlite3
@@ -104,7 +105,7 @@ def sanitize_value(value: Any, field: str | None = None, depth: int = 0) -> Any:
     if isinstance(value, int) or isinstance(value, float) and value.is_integer():
         return _sanitize_number(value, field)
     if isinstance(value, float):
-        return value
+        return value if math.isfinite(value) else repr(value)  # NaN/Infinity: not JSON, kept as text
     raise TypeError(f"audit record values must be JSON types (str, number, bool, null, list, dict), "
                     f"got {type(value).__name__}")
 

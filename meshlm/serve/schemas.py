@@ -137,11 +137,22 @@ class CompletionRequest(_Common):
 _UNSUPPORTED = {"functions": (None, []), "function_call": (None, "none"), "best_of": (None, 1), "suffix": (None,)}
 
 
+class _NonFinite(Exception):
+    """NaN, Infinity or -Infinity in a request body: Python's json accepts them, JSON does not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except _NonFinite as error:
+        raise ApiError(400, f"the request body is not valid JSON: {error.args[0]} is not a JSON value",
+                       code="invalid_json") from None
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
     except RecursionError:
