@@ -93,6 +93,22 @@ def test_cutting_the_tail_and_moving_the_head_needs_the_key(tmp_path):
             assert report.ok  # the limit of an unkeyed log, as docs/audit.md says
 
 
+def test_wiping_a_keyed_log_needs_the_key(tmp_path):
+    """Every record and meta.head deleted: a keyed log always has a tagged head (seq 0 when new), so this is
+    modified; an empty keyed log verifies, and a genesis head moved without the key does not."""
+    empty = tmp_path / "empty.db"
+    AuditLog(empty, key=KEY).close()
+    assert verify(empty, [KEY]).ok
+    path = fill(tmp_path / "wiped.db", 3)
+    sql(path, "DELETE FROM records")
+    sql(path, "DELETE FROM meta WHERE key = 'head'")
+    report = verify(path, [KEY])
+    assert not report.ok and [(p.seq, p.kind) for p in report.problems] == [(0, "modified")]
+    sql(path, "INSERT INTO meta(key, value) VALUES ('head', ?)", json.dumps({"seq": 0, "hash": GENESIS_HASH}))
+    assert not verify(path, [KEY]).ok  # an untagged genesis head
+    assert verify(fill(tmp_path / "plain.db", 0, None)).ok  # an empty unkeyed log, as before
+
+
 def test_a_chain_rebuilt_without_the_key_is_caught(tmp_path):
     path = fill(tmp_path / "a.db", 6)
     rebuild_unkeyed(path, keep=3)  # a consistent sha256 log now: it passes when verified without a key...

@@ -267,6 +267,9 @@ class AuditLog:
                 mode = MODE_KEYED if self._key is not None and not used else MODE_PLAIN
                 rows = [("mode", mode)] + ([("key_id", key_id(self._key)), ("first_key_id", key_id(self._key))]
                                            if mode == MODE_KEYED else [])
+                if mode == MODE_KEYED:  # a tagged genesis head: wiping every record and the head needs the key too
+                    genesis = {"seq": 0, "hash": GENESIS_HASH, "tag": head_tag(self._key, 0, GENESIS_HASH)}
+                    rows.append(("head", json.dumps(genesis)))
                 conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)", rows)
                 meta.update(rows)
             self._check_key(meta)

@@ -160,7 +160,7 @@ def _check(path: str, rows, head: dict | None, keyring: _Keyring) -> VerifyRepor
         if intact:
             keyring.after(body, claimed)
     last = max(by_claim, default=0)
-    _link_problems(problems, by_claim, head, last, report.records)
+    _link_problems(problems, by_claim, head, last, report.records, keyring.mode == MODE_KEYED)
     problems.extend(keyring.head_problems(head, last))
     report.head_seq, report.head_hash, report.key_ids = last, expected, keyring.ids
     if not problems and (by_claim and expected != by_claim[last][1]):  # every break shows above; belt and braces
@@ -170,7 +170,7 @@ def _check(path: str, rows, head: dict | None, keyring: _Keyring) -> VerifyRepor
 
 
 def _link_problems(problems: list[Problem], by_claim: dict[int, tuple[str, str]], head: dict | None, last: int,
-                   records: int) -> None:
+                   records: int, keyed: bool = False) -> None:
     """Deleted records (gaps up to the head), rewritten hashes (broken links) and a head that disagrees."""
     head_seq = max(last, head["seq"] if head else 0)
     for missing in sorted(set(range(1, head_seq + 1)) - set(by_claim)):
@@ -182,7 +182,7 @@ def _link_problems(problems: list[Problem], by_claim: dict[int, tuple[str, str]]
         if before is not None and prev_hash != before:
             problems.append(Problem(claimed - 1, "modified", f"record {claimed - 1}'s hash was rewritten "
                                     f"(record {claimed} chains to a different one)"))
-    if head is None and records:
+    if head is None and (records or keyed):  # a keyed log has a (tagged) head from its creation on
         problems.append(Problem(0, "modified", "the log's stored head is missing"))
     elif head is not None and head["seq"] == last and last and head["hash"] != by_claim[last][1]:
         problems.append(Problem(last, "modified", f"record {last}'s hash differs from the stored head"))
