@@ -218,6 +218,24 @@ def test_a_failing_row_fails_alone_streamed_and_not(served):
     assert statuses == [200] * 5 + [500] * 2, statuses
 
 
+def test_a_failing_row_streamed_on_responses_is_audited_as_its_error(served):
+    """/v1/responses streaming: after the error event the chat stream is read to its end, so the record has the
+    error's status, not the client's disconnection (the chat stream was once closed at its error event)."""
+    import httpx2
+
+    backend = served.backend("tiny:v1")
+    fmt = {"format": {"type": "json_schema", "name": "b", "schema": {"title": "breaks"}}}
+    backend.grammar = BreakingGrammar(backend.grammar, backend.engine)
+    try:
+        r = httpx2.post(served.url + "/v1/responses", json={"model": "tiny", "input": "Once", "stream": True,
+                                                            "max_output_tokens": 64, "text": fmt}, timeout=120)
+    finally:
+        backend.grammar = backend.grammar.real
+    assert r.status_code == 200 and "event: error" in r.text and "event: response.failed" in r.text, r.text
+    record = served.audit.records[-1]
+    assert record["status"] == 500 and record["client"] != "disconnected", record
+
+
 @pytest.mark.parametrize("extra, param", [({"logit_bias": {"²": 5}}, "logit_bias"),  # isdigit, not an int
                                           ({"seed": 2 ** 70}, "seed"),
                                           ({"stop": "x" * 600}, "stop")])

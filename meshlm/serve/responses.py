@@ -172,6 +172,8 @@ async def _translate(request: dict[str, Any], chunks, event) -> AsyncIterator[by
                 failed = _response(request, head, "failed", [], None, None)
                 failed["error"] = {"code": str(error.get("code") or "server_error"), "message": error.get("message")}
                 yield event("response.failed", response=failed)
+            async for _ in chunks:  # read the chat stream to its end: its audit record is the error's, as for chat
+                pass
             return
         if head is None:
             head = chunk
