@@ -114,3 +114,57 @@ def test_sanitize_value_keeps_non_finite_floats_as_text():
     from meshlm.serve.audit import sanitize_value
     clean = sanitize_value({"a": float("nan"), "b": [float("inf"), -float("inf")], "c": 1.5})
     assert json.loads(json.dumps(clean, allow_nan=False)) == {"a": "nan", "b": ["inf", "-inf"], "c": 1.5}
+
+
+def test_a_metrics_error_keeps_the_audit_record(tmp_path):
+    import asyncio
+
+    from meshlm.serve.server import Exchange
+
+    class Records:
+        def __init__(self):
+            self.records = []
+
+        def append(self, record):
+            self.records.append(record)
+
+    def broken_observe(ex):
+        raise ValueError("Counters can only be incremented by non-negative amounts.")
+
+    audit, logs = Records(), []
+    server = Server(Router(Registry(tmp_path / "reg.sqlite"), load=None, user_key="k" * 32), audit, None,
+                    log=logs.append)
+    server.metrics.observe = broken_observe
+    ex = Exchange("chat", "/v1/chat/completions", "chatcmpl-metrics")
+    asyncio.run(server._finish(ex))
+    assert [r["request_id"] for r in audit.records] == ["chatcmpl-metrics"]
+    assert any("metrics not updated (ValueError)" in line for line in logs), logs
+
+
+def test_a_remotes_token_counts_are_clamped_to_non_negative_ints():
+    import asyncio
+    import json
+
+    from meshlm.serve.gateway import RemoteHandle
+    from meshlm.serve.protocol import Finished
+
+    class Upstream:
+        def __init__(self, usage):
+            self.usage = usage
+
+        async def aiter_lines(self):
+            yield "data: " + json.dumps({"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}],
+                                         "usage": self.usage})
+            yield "data: [DONE]"
+
+        async def aclose(self):
+            pass
+
+    async def finished(usage):
+        return [e async for e in RemoteHandle(Upstream(usage), "chat").events()][-1]
+
+    for usage, counts in (({"prompt_tokens": -5, "completion_tokens": -2}, (0, 0)),
+                          ({"prompt_tokens": "x", "completion_tokens": 3.7}, (0, 3)),
+                          ({"prompt_tokens": 1e400, "completion_tokens": [1]}, (0, 1))):
+        event = asyncio.run(finished(usage))
+        assert isinstance(event, Finished) and (event.prompt_tokens, event.completion_tokens) == counts, event

@@ -24,6 +24,14 @@ _DROP = ("model", "stream", "stream_options", "user")
 _closing: set[asyncio.Task] = set()  # connection closes in progress (a task needs a reference to finish)
 
 
+def _count(value: Any, default: int) -> int:
+    """A token count the remote reported, as an int >= 0 (a remote's odd value never reaches the metrics)."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
 class RemoteHandle:
     def __init__(self, response: httpx2.Response, kind: str) -> None:
         self._response, self._kind = response, kind
@@ -55,9 +63,9 @@ class RemoteHandle:
             return
         finally:
             await self.aclose()
-        usage = usage or {}
-        yield Finished(reason or "stop", int(usage.get("prompt_tokens") or 0),
-                       int(usage.get("completion_tokens") or chunks))
+        usage = usage if isinstance(usage, dict) else {}
+        yield Finished(reason or "stop", _count(usage.get("prompt_tokens"), 0),
+                       _count(usage.get("completion_tokens") or chunks, chunks))
 
     async def aclose(self) -> None:
         if not self.closed:

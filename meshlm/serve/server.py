@@ -334,12 +334,16 @@ class Server:
             return
         ex.audited = True
         self.in_flight.pop(ex.request_id, None)
-        self.metrics.observe(ex)
         try:
             await self.write(ex.record())
         except Exception as exc:  # the log is unavailable: say so loudly; the response still reports its status
             self.log(f"{ex.request_id}: AUDIT WRITE FAILED ({type(exc).__name__})")
             raise
+        finally:  # after the record: a metrics error never costs it
+            try:
+                self.metrics.observe(ex)
+            except Exception as exc:
+                self.log(f"{ex.request_id}: metrics not updated ({type(exc).__name__})")
         usage = ex.usage() if ex.finished else None
         tokens = f"{usage['prompt_tokens']}+{usage['completion_tokens']} tokens" if usage else "-"
         self.log(f"{ex.request_id} {ex.version or '-'} {ex.status} {tokens} "
