@@ -7,6 +7,11 @@ thread does when it drops a tensor that has a Python object after the last colle
 dies with "terminate called without an active exception" (SIGABRT, torch 2.13); with end_rank it exits cleanly,
 because atexit handlers and finalization never run. (If a torch release stops aborting in the first case,
 end_rank's reason is gone: revisit meshlm/distributed/teardown.py.)
+
+The abort depends on the gloo thread reaching the callback after finalization began: it aborted in 10 of 10 runs on
+a quiet machine but exited 0 once on a fresh-clone CI run under load, so the suite asserts only the end_rank side
+(which must exit 0 without the message every time); `python tests/test_teardown.py` runs the normal-exit side and
+prints what it got.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
 from helpers import ROOT
 
 SCRIPT = """
@@ -41,12 +45,19 @@ if sys.argv[1] == "end_rank":
 """
 
 
-@pytest.mark.parametrize("leave", ["interpreter_exit", "end_rank"])
-def test_a_gloo_thread_meeting_a_finalizing_interpreter(leave):
+def leave_by(leave: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-c", SCRIPT, leave], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert "work done" in proc.stdout, proc.stderr[-2000:]
-    if leave == "end_rank":
-        assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
-    else:  # the failure end_rank avoids, reproduced
-        assert proc.returncode == -signal.SIGABRT, (proc.returncode, proc.stderr[-2000:])
-        assert "terminate called without an active exception" in proc.stderr
+    return proc
+
+
+def test_end_rank_leaves_cleanly_with_a_gloo_thread_meeting_the_exit():
+    proc = leave_by("end_rank")
+    assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-2000:]
+
+
+if __name__ == "__main__":  # the failure end_rank avoids: usually SIGABRT (-6) with the message
+    for _ in range(5):
+        proc = leave_by("interpreter_exit")
+        print(proc.returncode, signal.Signals(-proc.returncode).name if proc.returncode < 0 else "",
+              "terminate called" in proc.stderr)
