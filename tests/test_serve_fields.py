@@ -282,3 +282,51 @@ def test_audit_record_counts_every_choice(served):
     assert record["completion_tokens"] == out.usage.completion_tokens and record["prompt_tokens"] == \
         out.usage.prompt_tokens
     assert record["finish_reason"] == [c.finish_reason for c in out.choices]
+
+
+def test_abandoned_prepare_work_still_counts_against_the_limit(monkeypatch):
+    """A request past its prepare budget is a 503, but its worker runs on (abandon_on_cancel): the next requests
+    must not start more than PREPARE_THREADS schema compiles beside it."""
+    import anyio
+    from anyio import CapacityLimiter
+    from types import SimpleNamespace
+
+    from meshlm.serve import local
+    from meshlm.serve.protocol import ApiError
+
+    monkeypatch.setattr(local, "PREPARE_BUDGET_S", 0.3)
+    release, entered, lock = threading.Event(), [], threading.Lock()
+
+    class Stuck:
+        def masks(self, response_format, n):
+            with lock:
+                entered.append(n)
+            release.wait(30)
+            return None
+
+    backend = SimpleNamespace(grammar=Stuck(), _encode=lambda job: [1],
+                              _prepare_slots=CapacityLimiter(local.PREPARE_THREADS),
+                              _prepare_running=threading.BoundedSemaphore(local.PREPARE_THREADS))
+    job = SimpleNamespace(response_format={"type": "json_object"}, sampling=SimpleNamespace(n=1))
+
+    async def wave(k: int) -> list[str]:
+        codes: list[str] = []
+
+        async def one() -> None:
+            try:
+                await LocalBackend._prepare(backend, job)
+            except ApiError as error:
+                codes.append(error.code)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(k):
+                tg.start_soon(one)
+        return codes
+
+    try:
+        first = anyio.run(wave, local.PREPARE_THREADS)  # both stuck past the budget, their workers abandoned
+        second = anyio.run(wave, 2)  # the limiter's slots are free again; the workers are not
+    finally:
+        release.set()
+    assert first == second == ["prepare_budget_exceeded"] * 2
+    assert len(entered) == local.PREPARE_THREADS, entered

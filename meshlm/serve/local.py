@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -154,6 +155,9 @@ class LocalBackend:
         self.grammar = GrammarEngine(tokenizer, sorted(self.eos | self.chat_eos))
         self.token_chars = longest_token_chars(tokenizer)
         self._prepare_slots = CapacityLimiter(PREPARE_THREADS)
+        # Held by the worker thread itself: a request past its budget releases its limiter slot while its abandoned
+        # worker runs on, and that work must still count against PREPARE_THREADS.
+        self._prepare_running = threading.BoundedSemaphore(PREPARE_THREADS)
         self.bank = AdapterBank(model)  # LoRA adapters served on this base (none until one is loaded)
         self.holders = 1  # this version's own deployment, plus one per adapter version served on it
         self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
@@ -200,12 +204,21 @@ class LocalBackend:
         """The schema compiled, then the prompt tokenised, in a worker thread (the event loop keeps serving the
         other requests); ApiError 503 past :data:`PREPARE_BUDGET_S` (the worker finishes in the background, its
         work bounded by the character check, and keeps its slot until then)."""
-        def work() -> tuple[list[int], list | None]:
-            masks = self.grammar.masks(job.response_format, job.sampling.n) if job.response_format else None
-            return self._encode(job), masks
+        deadline = time.monotonic() + PREPARE_BUDGET_S
+
+        def work() -> tuple[list[int], list | None] | None:
+            if not self._prepare_running.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return None  # abandoned work still held every slot until the budget ran out
+            try:
+                masks = self.grammar.masks(job.response_format, job.sampling.n) if job.response_format else None
+                return self._encode(job), masks
+            finally:
+                self._prepare_running.release()
 
         with anyio.move_on_after(PREPARE_BUDGET_S):
-            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._prepare_slots)
+            prepared = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._prepare_slots)
+            if prepared is not None:
+                return prepared
         raise ApiError(503, f"preparing the request took longer than {PREPARE_BUDGET_S:g} s (the server is busy "
                             "with large prompts); retry, or send a shorter prompt", type="server_error",
                        code="prepare_budget_exceeded", retry_after=1)
