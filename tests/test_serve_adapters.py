@@ -149,3 +149,22 @@ def test_runtime_load_and_unload_keep_requests_in_flight(setup):
     with pytest.raises(Exception) as err:
         running.client().completions.create(model="assistant:v1", prompt=PROMPT, max_tokens=2)
     assert getattr(err.value, "status_code", None) == 404
+
+
+def test_bank_nbytes_reads_a_snapshot_of_its_layers():
+    """/metrics reads nbytes() while add() (a worker thread) may insert layers: a layer appearing mid-sum (here
+    inserted by the read itself, deterministically) no longer breaks the iteration."""
+    from types import SimpleNamespace
+
+    from meshlm.serve.multilora import AdapterBank
+
+    bank = AdapterBank(torch.nn.Linear(2, 2))
+
+    class Growing:
+        @property
+        def nbytes(self):
+            bank.layers[f"new{len(bank.layers)}"] = SimpleNamespace(A=torch.zeros(1), B=torch.zeros(1))
+            return 8
+
+    bank.layers["a"] = SimpleNamespace(A=Growing(), B=torch.zeros(2))
+    assert bank.nbytes() == 8 + 8

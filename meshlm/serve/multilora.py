@@ -106,7 +106,8 @@ class AdapterBank:
                        for s in sorted(set(slots) - {0})]
 
     def nbytes(self) -> int:
-        return sum(layer.A.nbytes + layer.B.nbytes for layer in self.layers.values())
+        # A snapshot: /metrics and status read this while add() (a worker thread) may be inserting layers.
+        return sum(layer.A.nbytes + layer.B.nbytes for layer in list(self.layers.values()))
 
     def _layer(self, name: str) -> MultiLoRALinear:
         layer = self.layers.get(name)
