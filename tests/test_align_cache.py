@@ -3,6 +3,7 @@ the recomputed one, and a changed prompt, decode setting, weight format or judge
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -110,3 +111,44 @@ def test_int8_needs_the_packed_path_and_names_the_key(model):
     gen.model.half()  # a model the packed int8 path cannot take
     with pytest.raises(ConfigError, match="generation.weights int8 quantises an fp32 model"):
         gen.using("int8", "generation.weights")
+
+
+def test_equal_weights_under_another_model_config_miss(model, tmp_path):
+    """The key holds the model config, not only the weights' sha256: a copy of the checkpoint whose config says
+    another rope_theta answers otherwise and must never be served the original's generations."""
+    import shutil
+
+    from meshlm.checkpoint.load import resolve_checkpoint
+
+    source = resolve_checkpoint(model)
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    config = copy / "config.toml"
+    text = config.read_text(encoding="utf-8")
+    assert text.count("rope_theta = ") == 1
+    config.write_text(text.replace("rope_theta = ", "rope_theta = 1234.0 # was ", 1), encoding="utf-8")
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))  # the edit, as if saved so
+    manifest["files"]["config.toml"] = {"bytes": config.stat().st_size,
+                                        "sha256": hashlib.sha256(config.read_bytes()).hexdigest()}
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    cache = AlignCache(tmp_path / "c")
+    _cached(cache, source)(PROMPTS)
+    assert CheckpointGenerator(copy).model.cfg.rope_theta == 1234.0
+    _cached(cache, copy)(PROMPTS)
+    assert cache.counts["generate"] == {"hits": 0, "misses": 2}
+
+
+@pytest.mark.parametrize("changed", ["models/llama.py", "tokenizer/__init__.py", "checkpoint/load.py",
+                                     "data/posttrain/labelled.py", "objectives/classify.py"])
+def test_the_judge_version_covers_the_model_code_trained_judges_run(changed, tmp_path, monkeypatch):
+    import shutil
+
+    import meshlm.safety.cache as cache_module
+
+    package = tmp_path / "meshlm"
+    shutil.copytree(cache_module.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache_module, "PACKAGE", package)
+    before = judge_version(RuleJudge())
+    with (package / changed).open("a", encoding="utf-8") as f:
+        f.write("\n# changed\n")
+    assert judge_version(RuleJudge()) != before

@@ -1,25 +1,28 @@
 """The align pipeline's content-addressed cache of generations and judge labels (``$MESHLM_CACHE/align/``).
 
-What a checkpoint answers depends only on its weights, the tokens it is given and how it decodes; what a judge
-labels depends only on the judge and the pairs it reads. The base model's held-out evaluation, its factual
-answers and its self-distilled targets are therefore the same in every run that starts from the same base, and
-recomputing them was most of a run's hour. Each ``generate(prompts)`` call and each ``judge.label(prompts,
-responses)`` call is one entry, a JSON file named by the sha256 of everything its result depends on:
+What a checkpoint answers depends only on its weights, the model config they run under, the tokens it is given
+and how it decodes; what a judge labels depends only on the judge and the pairs it reads. The base model's
+held-out evaluation, its factual answers and its self-distilled targets are therefore the same in every run that
+starts from the same base, and recomputing them was most of a run's hour. Each ``generate(prompts)`` call and
+each ``judge.label(prompts, responses)`` call is one entry, a JSON file named by the sha256 of everything its
+result depends on:
 
 - ``generate/<key>.json``: the weights' sha256 (:func:`meshlm.checkpoint.load.weights_sha256`, the figure
-  ``meshlm inspect`` prints), the tokenizer file's sha256, every prompt's token ids (chat template and system
-  message applied, truncation included), the sampling settings (max_new_tokens, eos ids, greedy or temperature,
-  top-k/p), the weight format (fp32 or int8), the device, the random generator's state when sampling, the batch
-  (its prompts, in order: a batch's rows decode together) and the sha256 of meshlm's decoding code. It stores the
-  prompts and the responses (and the generator's state after the call, restored on a hit).
-- ``label/<key>.json``: the judge's name, its version (the sha256 of the judges' code and of the judge's folder)
-  and the (prompt, response) pairs. A judge that reads something outside meshlm and its folder (an ``llm:``
-  endpoint, whose model may change behind its name) is never cached.
+  ``meshlm inspect`` prints), the model config (every field but ``source``), the tokenizer file's sha256, every
+  prompt's token ids (chat template and system message applied, truncation included), the sampling settings
+  (max_new_tokens, eos ids, greedy or temperature, top-k/p), the weight format (fp32 or int8), the device, the
+  random generator's state when sampling, the batch (its prompts, in order: a batch's rows decode together) and
+  the sha256 of meshlm's decoding code. It stores the prompts and the responses (and the generator's state after
+  the call, restored on a hit).
+- ``label/<key>.json``: the judge's name, its version (the sha256 of the judges' code, of the model code trained
+  judges run and of the judge's folder) and the (prompt, response) pairs. A judge that reads something outside
+  meshlm and its folder (an ``llm:`` endpoint, whose model may change behind its name) is never cached.
 
-A pipeline batch is one entry, so a changed prompt misses only its batch, and a changed judge, decode setting or
-weight misses every entry it touches. An entry is used only if its stored prompts (and responses) equal the
-asked ones, and an unreadable entry counts as a miss and is rewritten. Writes are atomic (temp file + rename),
-so pipelines sharing the folder see whole entries or none. ``meshlm align --no-cache`` neither reads nor writes.
+A pipeline batch is one entry, so a changed prompt misses only its batch, and a changed judge, decode setting,
+weight or model config misses every entry it touches. An entry is used only if its stored prompts (and
+responses) equal the asked ones, and an unreadable entry counts as a miss and is rewritten. Writes are atomic
+(temp file + rename), so pipelines sharing the folder see whole entries or none. ``meshlm align --no-cache``
+neither reads nor writes.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ from meshlm.fileio import atomic_write_text
 FORMAT = 1  # bump when an entry's layout changes
 PACKAGE = Path(__file__).resolve().parent.parent
 # The code a generation runs through (prompt encoding, the forward, the decode loop, detokenising) and the code
-# every judge shares: part of the keys, so an upgraded meshlm never reads its predecessor's answers.
+# every judge shares, with the model code the trained judges run (their decoder or encoder, its tokenizer, the
+# classifier head and input encoding, checkpoint loading): part of the keys, so an upgraded meshlm never reads its
+# predecessor's answers.
 DECODE_CODE = ("generate", "models", "tokenizer", "data/posttrain/templates.py", "safety/generation.py")
 JUDGE_CODE = ("safety/judges", "safety/rules", "safety/degenerate.py", "safety/taxonomy.py",
-              "safety/encoder_judge.py", "safety/classifier.py")
+              "safety/encoder_judge.py", "safety/classifier.py", "models", "tokenizer", "checkpoint/load.py",
+              "data/posttrain/labelled.py", "objectives/classify.py")
 
 
 def cache_root() -> Path:

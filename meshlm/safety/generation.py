@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ class CheckpointGenerator:
                               f"{cfg.model.max_seq_len}; lower it")
         self.system, self.device, self.weights = system, device, "fp32"
         self.generator = None if greedy else torch.Generator(device).manual_seed(seed)
-        self._identity: dict[str, str] = {}  # shared by every view (using): filled once, by cache_key
+        self._identity: dict[str, Any] = {}  # shared by every view (using): filled once, by cache_key
         manifest = self.checkpoint / "manifest.json"  # read now: the files just loaded (and verified against it)
         self._files = None if cfg.lora.enabled or not manifest.is_file() else (  # LoRA: the base's weights too
             str(self.checkpoint.resolve()), hashlib.sha256(manifest.read_bytes()).hexdigest())
@@ -81,11 +82,14 @@ class CheckpointGenerator:
 
     def cache_key(self, prompts: list[str]) -> dict:
         """What this generator's responses to ``prompts`` depend on (meshlm/safety/cache.py): the weights' and
-        the tokenizer's sha256, the prompts' token ids, the sampling settings, the weight format and the device."""
+        the tokenizer's sha256, the model config (RoPE, layer kinds, norms, score scale: equal weights under
+        another config answer otherwise; ``source`` only says where the weights came from), the prompts' token
+        ids, the sampling settings, the weight format and the device."""
         if not self._identity:
             from meshlm.fileio import sha256_file
 
-            self._identity.update(weights_sha256=self._weights_sha256(),
+            model_config = {k: v for k, v in dataclasses.asdict(self.model.cfg).items() if k != "source"}
+            self._identity.update(weights_sha256=self._weights_sha256(), model_config=model_config,
                                   tokenizer_sha256=sha256_file(self.checkpoint / "tokenizer.json"))
         return {**self._identity, "prompt_ids": [self.prompt_ids(p) for p in prompts],
                 "sampling": dataclasses.asdict(self.sampling), "weights": self.weights,
