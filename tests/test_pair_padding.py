@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from meshlm.config.posttrain import ObjectiveConfig
-from meshlm.data.posttrain import PreferenceLoader, RowEncoder, encode_pairs, parse_row
+from meshlm.data.posttrain import PreferenceLoader, RowEncoder, encode_pairs, encode_unpaired, parse_row
 from meshlm.objectives.preference import PreferenceObjective
 from meshlm.tokenizer import MeshTokenizer
 from meshlm.train.data_setup import PairMajor
@@ -21,6 +21,16 @@ def pairs():
     rows = [parse_row({"prompt": f"say {i}", "chosen": " kind" * (1 + 3 * i), "rejected": " rude" * (i % 3 + 1)},
                       f"x:{i}") for i in range(6)]
     encoded, _ = encode_pairs(rows, RowEncoder(tok), SEQ_LEN)
+    return encoded
+
+
+@pytest.fixture(scope="module")
+def unpaired():
+    """KTO's items (row, KL row) of the same rows: a preference row gives a desirable and an undesirable one."""
+    tok = MeshTokenizer.train(["kind words and rude words", "say something about apples and pears"], 300)
+    rows = [parse_row({"prompt": f"say {i}", "chosen": " kind" * (1 + 3 * i), "rejected": " rude" * (i % 3 + 1)},
+                      f"x:{i}") for i in range(3)]
+    encoded, _ = encode_unpaired(rows, RowEncoder(tok), SEQ_LEN)
     return encoded
 
 
@@ -40,15 +50,27 @@ def test_each_batch_is_as_wide_as_its_longest_sequence(pairs):
         PreferenceLoader(pairs, SEQ_LEN, 2, pad_id=0, pad_multiple=0)
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "simpo"])
-def test_loss_equals_the_loss_padded_to_seq_len(pairs, loss_type):
+@pytest.mark.parametrize("loss_type", ["sigmoid", "simpo", "reward", "kto"])
+def test_loss_equals_the_loss_padded_to_seq_len(pairs, unpaired, loss_type):
+    import contextlib
+
     from meshlm.models import build_model, flavor_config
+    from meshlm.objectives.kto import KTOObjective
+    from meshlm.objectives.reward import RewardObjective
 
     policy = build_model(flavor_config("debug"), "cpu", seed=0)
-    objective = PreferenceObjective(ObjectiveConfig(loss_type=loss_type, beta=0.5))
-    objective.reference = build_model(flavor_config("debug"), "cpu", seed=1).eval()  # another model: real margins
-    tight = PairMajor(PreferenceLoader(pairs, SEQ_LEN, 6, pad_id=0, shuffle=False)).next_batch()
-    wide = PairMajor(PreferenceLoader(pairs, SEQ_LEN, 6, pad_id=0, shuffle=False, pad_multiple=SEQ_LEN)).next_batch()
+    if loss_type == "reward":
+        objective = RewardObjective(ObjectiveConfig())
+        objective.adapt_model(policy)  # the score head
+    else:
+        kind = KTOObjective if loss_type == "kto" else PreferenceObjective
+        objective = kind(ObjectiveConfig(**({} if loss_type == "kto" else {"loss_type": loss_type}), beta=0.5))
+        objective.reference = build_model(flavor_config("debug"), "cpu", seed=1).eval()  # real margins
+        objective.chunk, objective.autocast = 64, contextlib.nullcontext  # what setup() sets, for z0
+        objective.engine = type("OneRank", (), {"dp_sum": staticmethod(lambda t: t)})()
+    items = unpaired if loss_type == "kto" else pairs
+    tight = PairMajor(PreferenceLoader(items, SEQ_LEN, 6, pad_id=0, shuffle=False)).next_batch()
+    wide = PairMajor(PreferenceLoader(items, SEQ_LEN, 6, pad_id=0, shuffle=False, pad_multiple=SEQ_LEN)).next_batch()
     assert wide["input_ids"].shape[-1] == SEQ_LEN > tight["input_ids"].shape[-1]  # the old layout, for reference
     losses = []
     for batch in (tight, wide):

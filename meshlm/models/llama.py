@@ -266,14 +266,10 @@ class Transformer(nn.Module):
         cos, sin = precompute_rope(cfg, cfg.max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, Dh/2)
         self.register_buffer("rope_sin", sin, persistent=False)  # (max_seq_len, Dh/2)
-        if self._local_rope:  # sliding layers with their own base (Gemma 3)
+        if self.cfg.local_rope:  # sliding layers with their own base (Gemma 3)
             cos, sin = precompute_rope(cfg, cfg.max_seq_len, local=True)
             self.register_buffer("rope_cos_local", cos, persistent=False)
             self.register_buffer("rope_sin_local", sin, persistent=False)
-
-    @property
-    def _local_rope(self) -> bool:
-        return self.cfg.local_rope
 
     def tie_weights(self) -> None:
         """Make output.weight the tok_embeddings.weight object (tied flavours; both present). The engine calls it
@@ -313,7 +309,7 @@ class Transformer(nn.Module):
     def init_buffers(self, device: torch.device | str) -> None:
         """Recompute the RoPE tables (after to_empty(), which leaves buffers uninitialised)."""
         self.rope_cos, self.rope_sin = precompute_rope(self.cfg, self.cfg.max_seq_len, device)
-        if self._local_rope:
+        if self.cfg.local_rope:
             self.rope_cos_local, self.rope_sin_local = precompute_rope(self.cfg, self.cfg.max_seq_len, device,
                                                                        local=True)
 
@@ -369,7 +365,7 @@ class Transformer(nn.Module):
 
     def _tables(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Layer kind -> its RoPE (cos, sin) tables (max_seq_len, Dh/2)."""
-        local = (self.rope_cos_local, self.rope_sin_local) if self._local_rope else (self.rope_cos, self.rope_sin)
+        local = (self.rope_cos_local, self.rope_sin_local) if self.cfg.local_rope else (self.rope_cos, self.rope_sin)
         return {"global": (self.rope_cos, self.rope_sin), "sliding": local}
 
     def _attention_masks(self, T: int, S: int, document_ids: torch.Tensor | None, key_mask: torch.Tensor | None,
