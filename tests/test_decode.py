@@ -147,12 +147,14 @@ def test_one_sequence_runs_on_one_thread_and_restores_the_count():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with _one_thread_for_one_sequence(1, torch.device("cpu")):
+        with _one_thread_for_one_sequence(1, 32, torch.device("cpu")):
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        with _one_thread_for_one_sequence(4, torch.device("cpu")):  # a batch: the process's threads
+        with _one_thread_for_one_sequence(4, 1, torch.device("cpu")):  # a batch: the process's threads
             assert torch.get_num_threads() == 2
-        with pytest.raises(RuntimeError, match="boom"), _one_thread_for_one_sequence(1, torch.device("cpu")):
+        with _one_thread_for_one_sequence(1, 129, torch.device("cpu")):  # beyond the measured 8-128 tokens
+            assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match="boom"), _one_thread_for_one_sequence(1, 32, torch.device("cpu")):
             raise RuntimeError("boom")
         assert torch.get_num_threads() == 2
         model = tiny()

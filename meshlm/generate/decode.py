@@ -101,7 +101,7 @@ class FastForward:
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.model.layers)}")
         if padding_mask is not None and tuple(padding_mask.shape) != (B, S):
             raise ValueError(f"padding_mask must be (B, S) = {(B, S)}, got {tuple(padding_mask.shape)}")
-        with _one_thread_for_one_sequence(B, tokens.device):
+        with _one_thread_for_one_sequence(B, T, tokens.device):
             return self._forward(tokens, cache, start_pos, position_ids, padding_mask)
 
     def _forward(self, tokens: torch.Tensor, cache: list[KVCache], start_pos: int, position_ids: torch.Tensor | None,
@@ -137,9 +137,13 @@ class FastForward:
         return _addmm(x, F.silu(gate_up[:, :F_]) * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
 
 
+ONE_THREAD_MAX_TOKENS = 128  # the longest one-sequence forward kept on one thread: the measured prompt lengths
+
+
 @contextmanager
-def _one_thread_for_one_sequence(batch: int, device: torch.device) -> Iterator[None]:
-    """A CPU forward of one sequence — its prefill and each of its decode steps — runs on one intra-op thread.
+def _one_thread_for_one_sequence(batch: int, length: int, device: torch.device) -> Iterator[None]:
+    """A CPU forward of one sequence of up to ONE_THREAD_MAX_TOKENS tokens — a short prompt's prefill and each
+    decode step — runs on one intra-op thread.
 
     Its ops are small (one row at a decode step; at prefill, a prompt's worth of rows times matrices of a few
     hundred columns), and every extra OpenMP thread adds a fork and a barrier per op, which a busy machine turns
@@ -147,13 +151,14 @@ def _one_thread_for_one_sequence(batch: int, device: torch.device) -> Iterator[N
     a 32-token prefill took a median 0.15-0.17 s on one thread and 1.5-6 s on two at load 8 on the 2-core
     development machine, at every layout and at every prompt length from 8 to 128 tokens; the decode step took
     43.6 ms on one thread and 48.3 ms on two even on a quiet machine (session 10). The bench's time to first token
-    (prefill + one sample) fell from 1.89 s to 0.16 s with it. Batches keep the process's threads.
+    (prefill + one sample) fell from 1.89 s to 0.16 s with it. Batches, and prefills longer than the measured
+    128 tokens (where more rows per op may pay for the threads), keep the process's threads.
 
     ``torch.set_num_threads`` sets the calling thread's count and the default of threads that start using torch
     meanwhile; it is restored after the forward (a server thread whose first torch call falls inside one keeps
     one thread). Switching back and forth every step measured no slower than not switching."""
     threads = torch.get_num_threads()
-    if batch != 1 or device.type != "cpu" or threads == 1:
+    if batch != 1 or length > ONE_THREAD_MAX_TOKENS or device.type != "cpu" or threads == 1:
         yield
         return
     torch.set_num_threads(1)
