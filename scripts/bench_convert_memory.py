@@ -73,7 +73,7 @@ def write_hf_model(folder: Path, cfg: ModelConfig, dtype: torch.dtype, num_shard
     config = hf_config_from_model(cfg, tokenizer.bos_id, [tokenizer.eos_id], tokenizer.pad_id,
                                   dtype=str(dtype).removeprefix("torch."))
     (folder / "config.json").write_text(json.dumps(config, indent=1))
-    shapes = {hf_name(n): s for n, s in expected_shapes(cfg).items()}
+    shapes = {hf_name(n, cfg.family): s for n, s in expected_shapes(cfg).items()}
     names = list(shapes)
     per_shard = -(-len(names) // num_shards)
     weight_map, itemsize = {}, torch.tensor([], dtype=dtype).element_size()

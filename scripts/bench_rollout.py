@@ -33,7 +33,8 @@ def hf_twin(model: torch.nn.Module):
 
     cfg = model.cfg
     twin = transformers_model(cfg)
-    state = {hf_name(k): v for k, v in model.state_dict().items() if not (cfg.tie_embeddings and k == "output.weight")}
+    state = {hf_name(k, cfg.family): v for k, v in model.state_dict().items()
+             if not (cfg.tie_embeddings and k == "output.weight")}
     missing, unexpected = twin.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in k or (cfg.tie_embeddings and k == "lm_head.weight") for k in missing)
     return twin.to(next(model.parameters()).device).eval()

@@ -314,7 +314,7 @@ def test_to_hf_dtype_writes_that_dtype(dtype, torch_dtype, good_hf, tmp_path, ca
     assert config["torch_dtype"] == config["dtype"] == str(torch_dtype).removeprefix("torch.")
     assert {t.dtype for t in exported.values()} == {torch_dtype}
     for name, tensor in ours.state_dict().items():  # each value rounded once from meshlm's fp32
-        assert torch.equal(exported[hf_name(name)], tensor.to(torch_dtype)), name
+        assert torch.equal(exported[hf_name(name, "llama")], tensor.to(torch_dtype)), name
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     rounded = model_from_checkpoint(run)[0]
     with torch.no_grad():
@@ -362,7 +362,7 @@ def test_from_hf_streams_one_tensor_at_a_time(good_hf, tmp_path, monkeypatch):
     assert len(alive) >= 2 * 9 + 3 and most[0] <= 1, most
     model = model_from_checkpoint(tmp_path / "m")[0]
     original = read_safetensors(good_hf)
-    assert all(torch.equal(t, original[hf_name(n)]) for n, t in model.state_dict().items())
+    assert all(torch.equal(t, original[hf_name(n, "llama")]) for n, t in model.state_dict().items())
 
 
 def test_failure_midway_leaves_nothing(good_hf, tmp_path, monkeypatch):

@@ -81,3 +81,19 @@ def test_prepare_makes_the_packs_once_and_int8_counts_a_byte_an_entry():
         next(model.parameters()).add_(1.0)  # a changed parameter: the next prepare makes new packs
     forward.prepare(1)
     assert packed_weights(model, 1) is not packs[0]
+
+
+def test_compare_hf_maps_a_gemma3_model_by_its_family():
+    """--compare-hf copies the weights into transformers' model by the checkpoint's family's names (Gemma 3's
+    norms and layers are not the llama family's)."""
+    from meshlm.generate.bench import hf_model_from
+
+    small = flavor_config("gemma3-270m")
+    cfg = dataclasses.replace(small, vocab_size=64, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
+                              ffn_hidden_dim=64, max_seq_len=32, sliding_window=4, layer_kinds=["sliding", "global"],
+                              query_pre_attn_scalar=16.0)
+    model = build_model(cfg, "cpu", seed=0).eval()
+    hf = hf_model_from(model)
+    assert type(hf).__name__ == "Gemma3ForCausalLM"
+    ours = model.state_dict()["layers.1.post_ffn_norm.weight"]
+    assert torch.equal(hf.state_dict()["model.layers.1.post_feedforward_layernorm.weight"], ours)

@@ -119,7 +119,7 @@ def write_gguf(path: Path, arch: str, shape, tied: bool, types: dict, tok: Token
     _write_tokenizer(w, {**fields, "pre": pre}, TEMPLATE)
     rng = np.random.default_rng(seed)
     for name, tshape in expected_shapes(cfg).items():
-        gname = gguf_name(name)
+        gname = gguf_name(name, cfg.family)
         qtype = types.get(gname.split(".")[-2], Q.F32) if len(tshape) == 2 else Q.F32
         if qtype in (Q.Q4_K, Q.Q6_K):
             w.add_tensor(gname, random_blocks(qtype, *tshape, rng), raw_dtype=qtype)

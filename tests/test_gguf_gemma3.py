@@ -134,3 +134,30 @@ def test_linear_rope_scaling_scales_the_global_layers_only(tmp_path):
     plain = 1.0 / (1e6 ** (torch.arange(0, 256, 2).float() / 256))
     assert torch.allclose(rope_inv_freq(cfg), plain / 8.0)
     assert torch.allclose(rope_inv_freq(cfg, local=True), 1.0 / (1e4 ** (torch.arange(0, 256, 2).float() / 256)))
+
+
+def test_gguf_score_scale_is_dim_over_heads_for_the_62_layer_27b():
+    """llama.cpp's gemma3 graph scales 27B (n_layer == 62) scores by (n_embd / n_head) ** -0.5, every other size
+    by key_length ** -0.5; export writes no scale, so it accepts a 27B-shaped model only with that scalar."""
+    import dataclasses
+
+    from meshlm.errors import CheckpointError
+    from meshlm.interop.gguf_export import gguf_architecture
+    from meshlm.models import flavor_config
+    from meshlm.models.families.gemma3 import config_from_gguf
+
+    def meta(layers, dim, heads, key_length):
+        return {"gemma3.block_count": layers, "gemma3.embedding_length": dim, "gemma3.attention.head_count": heads,
+                "gemma3.attention.key_length": key_length, "gemma3.attention.sliding_window": 1024}
+
+    assert config_from_gguf(meta(62, 5376, 32, 128), "gemma3")["query_pre_attn_scalar"] == 168.0  # 27B
+    assert config_from_gguf(meta(48, 3840, 16, 256), "gemma3")["query_pre_attn_scalar"] == 256.0  # 12B
+    small = flavor_config("gemma3-270m")
+    kinds = ["sliding" if (i + 1) % 6 else "global" for i in range(62)]
+    big = dataclasses.replace(small, n_layers=62, dim=5376, n_heads=32, n_kv_heads=16, head_dim=128,
+                              layer_kinds=kinds, query_pre_attn_scalar=168.0)
+    assert gguf_architecture(big) == "gemma3"
+    with pytest.raises(CheckpointError, match="query_pre_attn_scalar differ"):
+        gguf_architecture(dataclasses.replace(big, query_pre_attn_scalar=128.0))
+    # 0 means head_dim: what llama.cpp uses below 62 layers
+    assert gguf_architecture(dataclasses.replace(small, query_pre_attn_scalar=0.0)) == "gemma3"

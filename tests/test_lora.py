@@ -93,7 +93,7 @@ def test_peft_loads_the_adapter_with_meshlm_logits(tmp_path):
     cfg, model = _lora_model(["q", "v", "down"])
     _randomise_b(model)
     model.eval()
-    base_state = {hf_name(n): t for n, t in model.state_dict().items() if "lora_" not in n}
+    base_state = {hf_name(n, cfg.family): t for n, t in model.state_dict().items() if "lora_" not in n}
     config = hf_config_from_model(cfg, 1, [2], 0)
     hf_cfg = transformers.LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures",
                                                                                        "model_type")})

@@ -79,7 +79,7 @@ def hf_model_from(model: nn.Module) -> nn.Module:
         raise ConfigError("--compare-hf needs the transformers package (pip install transformers)") from None
     param = next(model.parameters())
     hf = transformers_model(model.cfg).to(device=param.device, dtype=param.dtype).eval()
-    state = {hf_name(k): v for k, v in model.state_dict().items()
+    state = {hf_name(k, model.cfg.family): v for k, v in model.state_dict().items()
              if not (model.cfg.tie_embeddings and k == "output.weight")}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:

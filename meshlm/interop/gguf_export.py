@@ -32,7 +32,7 @@ from meshlm.checkpoint.load import model_from_checkpoint, resolve_checkpoint
 from meshlm.data.posttrain.templates import MESHLM_CHAT_TEMPLATE, read_hf_chat_template
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.interop.gguf import norm_offset
-from meshlm.interop.gguf_names import PERMUTED_ARCHITECTURES, gguf_name, heads_of, to_interleaved
+from meshlm.interop.gguf_names import gguf_name, heads_of, to_interleaved
 from meshlm.interop.gguf_tokenizer import tokenizer_to_gguf
 from meshlm.interop.hf_tokenizer import read_meta
 from meshlm.models.families import spec_of
@@ -104,12 +104,15 @@ def _gemma3_architecture(cfg) -> str:
                                            ("attention.key_length", cfg.resolved_head_dim),
                                            ("attention.sliding_window", cfg.sliding_window))}
     read = spec_of(cfg).gguf_config_in(meta, "gemma3")
-    wrong = [k for k in ("layer_kinds", "rope_local_theta", "query_pre_attn_scalar")
-             if read[k] != getattr(cfg, k) and not (k == "layer_kinds" and read[k] == list(cfg.resolved_layer_kinds()))]
+    have = {"layer_kinds": (cfg.layer_kinds, list(cfg.resolved_layer_kinds())),
+            "rope_local_theta": (cfg.rope_local_theta,),
+            "query_pre_attn_scalar": (cfg.query_pre_attn_scalar or cfg.resolved_head_dim,)}  # 0 means head_dim
+    wrong = [k for k, values in have.items() if read[k] not in values]
     if wrong or cfg.rope_scaling != "none":
         raise CheckpointError(f"the gemma3 model's {', '.join(wrong) or 'RoPE scaling'} differ from what llama.cpp "
                               "assumes for gemma3 files (every sixth layer global, local RoPE base 10000, scores "
-                              "scaled by head_dim ** -0.5, no RoPE scaling); GGUF export would change its outputs")
+                              "scaled by head_dim ** -0.5, or (dim / heads) ** -0.5 at 62 layers (27B), no RoPE "
+                              "scaling); GGUF export would change its outputs")
     return "gemma3"
 
 
@@ -214,7 +217,7 @@ def _write(path: Path, arch: str, cfg, name: str, tok: dict[str, Any], template:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    permute = arch in PERMUTED_ARCHITECTURES
+    permute = arch in spec_of(cfg).gguf_interleaved_qk
     for mname, _, qtype, tensor in plan:
         writer.write_tensor_data(_array(mname, tensor, qtype, cfg, permute))
     writer.close()

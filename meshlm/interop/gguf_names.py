@@ -19,12 +19,11 @@ import torch
 
 from meshlm.models.families import FAMILIES, family_spec
 
-# Every llama.cpp architecture some family reads, and those whose q/k rows llama.cpp interleaves (the specs say).
+# Every llama.cpp architecture some family reads (the specs say).
 ARCHITECTURES = tuple(a for name in FAMILIES for a in family_spec(name).gguf_architectures)
-PERMUTED_ARCHITECTURES = tuple(a for name in FAMILIES for a in family_spec(name).gguf_interleaved_qk)
 
 
-def gguf_name(name: str, family: str = "llama") -> str:
+def gguf_name(name: str, family: str) -> str:
     """The llama.cpp name of a meshlm state-dict key in ``family``, e.g. layers.3.feed_forward.w1.weight ->
     blk.3.ffn_gate.weight (meshlm/models/families/)."""
     return family_spec(family).external_name(name, "gguf")

@@ -49,7 +49,7 @@ EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.fl
 _DERIVED = re.compile(r"\.rotary_emb\.inv_freq$")
 
 
-def hf_name(name: str, family: str = "llama") -> str:
+def hf_name(name: str, family: str) -> str:
     """The HF name of a meshlm state-dict key in ``family`` (the model config's ``family``), e.g.
     layers.3.attention.wq.weight -> model.layers.3.self_attn.q_proj.weight (meshlm/models/families/)."""
     return family_spec(family).external_name(name, "hf")

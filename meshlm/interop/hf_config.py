@@ -20,10 +20,6 @@ from meshlm.errors import CheckpointError, ConfigError
 from meshlm.models.config import ModelConfig
 from meshlm.models.families import FAMILIES, family_of_hf, family_spec, spec_of
 
-_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                "Qwen3ForCausalLM": "qwen3"}
-
-
 def supported_architectures() -> list[str]:
     return [arch for name in FAMILIES for arch in family_spec(name).hf_architectures]
 
@@ -196,6 +192,7 @@ def llama_config_to_hf(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int] 
                        dtype: str = "float32") -> dict[str, Any]:
     """The llama family's writer: transformers 4.45+ and 5.x load it."""
     arch = hf_architecture(cfg)
+    spec = spec_of(cfg)
     rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     rope_scaling = None
     if cfg.rope_scaling == "llama3":
@@ -206,7 +203,7 @@ def llama_config_to_hf(cfg: ModelConfig, bos_id: int | None, eos_ids: list[int] 
     eos = None if not eos_ids else eos_ids[0] if len(eos_ids) == 1 else list(eos_ids)
     out: dict[str, Any] = {
         "architectures": [arch],
-        "model_type": _MODEL_TYPES[arch],
+        "model_type": spec.hf_model_types[spec.hf_architectures.index(arch)],
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.dim,
         "intermediate_size": cfg.ffn_hidden_dim,

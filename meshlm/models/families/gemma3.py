@@ -167,12 +167,13 @@ def config_from_gguf(meta: dict[str, Any], arch: str) -> dict[str, Any]:
     n_layers = int(meta[f"{arch}.block_count"])
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
     window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
-    head_dim = meta.get(f"{arch}.attention.key_length") or \
-        meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"]
+    dim, heads = int(meta[f"{arch}.embedding_length"]), int(meta[f"{arch}.attention.head_count"])
+    head_dim = meta.get(f"{arch}.attention.key_length") or dim // heads
+    scalar = dim // heads if n_layers == 62 else head_dim  # llama.cpp: 62 layers is 27B (src/models/gemma3.cpp)
     kinds = ["sliding" if (i + 1) % pattern else "global" for i in range(n_layers)] if window else []
     return {"family": "gemma3", **FLAGS, "sliding_window": window, "layer_kinds": kinds,
             "rope_local_theta": float(meta.get(f"{arch}.rope.local.freq_base", 10_000.0)),
-            "query_pre_attn_scalar": float(head_dim), "tie_embeddings": True}
+            "query_pre_attn_scalar": float(scalar), "tie_embeddings": True}
 
 
 SPEC = FamilySpec(
