@@ -150,3 +150,28 @@ def test_cli_full_disk_then_resume_after_a_leftover_tmp(small_disk):
     assert verify_checkpoint(run / "checkpoints" / "step-00000004") is None
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 4]
+
+
+def test_an_unexplained_write_failure_reaches_the_collective_before_it_is_raised(tmp_path, monkeypatch):
+    """A bug while writing (no file-system cause) is sent through the same collective as a cause, then raised:
+    raised at once on one rank, it left the other ranks waiting in the gather/broadcast. Another rank raises a
+    RuntimeError naming it."""
+    import meshlm.checkpoint.manager as manager
+
+    model, opt = _toy(8)
+    mgr = CheckpointManager(tmp_path / "run", keep_last=3)
+    mgr.save(1, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
+    sent = []
+    real_gather = manager._gather_to_rank0
+    monkeypatch.setattr(manager, "_gather_to_rank0", lambda obj: sent.append(obj[1]) or real_gather(obj))
+
+    def buggy(*args, **kwargs):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(mgr, "_write_rank_files", buggy)
+    with pytest.raises(TypeError, match="a bug"):
+        mgr.save(2, [model], [opt], {"tokens_seen": 0, "loader": {}}, "")
+    assert sent == ["internal error: TypeError"]
+    assert [s for s, _ in list_checkpoints(mgr.root)] == [1] and not list(mgr.root.glob("*.tmp"))
+    with pytest.raises(RuntimeError, match="internal error: TypeError on another rank"):
+        mgr._raise_if("internal error: TypeError", mgr.root / "step-00000002")

@@ -167,26 +167,26 @@ class CheckpointManager:
         own, because DCP's file writer keeps every tensor of a file alive until the file is done (torch 2.13)."""
         final = self.root / step_dir_name(step)
         tmp = self.root / (step_dir_name(step) + ".tmp")
-        error = None
+        error, bug = None, None  # bug: this rank's unexplained exception, raised once every rank has the news
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that crashed
-            error = _try_write(lambda: (tmp / "rng").mkdir(parents=True), tmp)
-        self._raise_if(_from_rank0(error), final)  # also the barrier: the folder exists
+            error, bug = _try_write(lambda: (tmp / "rng").mkdir(parents=True), tmp)
+        self._raise_if(_from_rank0(error), final, bug)  # also the barrier: the folder exists
         hashes: dict[str, dict[str, Any]] = {}
-        error = _try_write(lambda: hashes.update(self._write_rank_files(tmp, parts, optimizers, planner)), tmp)
+        error, bug = _try_write(lambda: hashes.update(self._write_rank_files(tmp, parts, optimizers, planner)), tmp)
         every_rank = _gather_to_rank0((hashes, error))  # also the barrier: every rank's files are written
         if self.rank == 0:
             error = next((e for _, e in every_rank if e), None)
             if error is None:
                 files = {k: v for per_rank, _ in every_rank for k, v in per_rank.items()}
-                error = _try_write(lambda: self._write_rank0_files(tmp, step, files, train_state, config_toml,
-                                                                   extra_files), tmp)
+                error, bug = _try_write(lambda: self._write_rank0_files(tmp, step, files, train_state, config_toml,
+                                                                        extra_files), tmp)
             if error is None:
                 _put_in_place(tmp, final)
                 self._prune(step)
             else:
                 shutil.rmtree(tmp, ignore_errors=True)  # give the space back; the previous checkpoints stay
-        self._raise_if(_from_rank0(error), final)  # also the barrier: the checkpoint is in place
+        self._raise_if(_from_rank0(error), final, bug)  # also the barrier: the checkpoint is in place
         return final
 
     def _write_rank_files(self, tmp: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer] | None,
@@ -214,10 +214,15 @@ class CheckpointManager:
             files[name] = _write_hashed(tmp / name, Path(src).read_bytes())
         self._write_manifest(tmp, step, files)
 
-    def _raise_if(self, cause: str | None, final: Path) -> None:
-        """A failed save, as every rank reports it: the cause, and what is still there to resume from."""
+    def _raise_if(self, cause: str | None, final: Path, bug: BaseException | None = None) -> None:
+        """A failed save, as every rank reports it: the cause, and what is still there to resume from. A bug
+        (``bug``: this rank's own exception; else the cause names another rank's) is raised as such."""
         if cause is None:
             return
+        if bug is not None:
+            raise bug
+        if cause.startswith(_INTERNAL):
+            raise RuntimeError(f"cannot write checkpoint {final}: {cause} on another rank (a bug: see its traceback)")
         previous = [path.name for step, path in list_checkpoints(self.root) if path != final]
         kept = f"the previous checkpoint {previous[-1]} is untouched" if previous else "no earlier checkpoint exists"
         raise CheckpointError(f"cannot write checkpoint {final}: {cause}; {kept}; free space (or fix the "
@@ -350,17 +355,21 @@ def _own_dcp_hashes(folder: Path, rank: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _try_write(write: Callable[[], Any], folder: Path) -> str | None:
-    """Run ``write``; None when it succeeds, else the file-system cause of its failure. A failure the file system
-    does not explain is a bug and propagates."""
+_INTERNAL = "internal error: "  # the cause another rank is sent for a failure the file system does not explain
+
+
+def _try_write(write: Callable[[], Any], folder: Path) -> tuple[str | None, BaseException | None]:
+    """Run ``write``: (None, None) when it succeeds, else (the file-system cause of its failure, None). A failure the
+    file system does not explain is a bug: ("internal error: TypeName", the exception), sent through the same
+    collective as a cause and raised after it (raised at once, it left the other ranks waiting there)."""
     try:
         write()
     except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         cause = describe_write_failure(exc, folder)
         if cause is None:
-            raise
-        return cause
-    return None
+            return _INTERNAL + type(exc).__name__, exc
+        return cause, None
+    return None, None
 
 
 def _from_rank0(obj: Any) -> Any:
