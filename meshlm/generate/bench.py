@@ -146,6 +146,8 @@ def decode_weight_bytes(model: nn.Module, weights: str = "fp32") -> int:
 def _figures(timing: dict[str, Any], batch: int, new_tokens: int) -> dict[str, float]:
     full, first = timing["full_s"], timing["first_token_s"]
     step = (full - first) / (new_tokens - 1) if new_tokens > 1 else float("nan")
+    if not step > 0:  # a few fast steps can drown in the noise of two medians: not measured, never negative
+        step = float("nan")
     return {"tokens_per_s": batch * new_tokens / full, "end_to_end_tokens_per_s": batch * new_tokens / full,
             "time_to_first_token_s": first, "ms_per_step": 1e3 * step,
             "decode_tokens_per_s": batch / step if step > 0 else float("nan"), "total_s": full}
