@@ -76,8 +76,36 @@ def test_cli_convert_reports_the_window(tmp_path, capfd):
     out = capfd.readouterr().out
     assert info.value.code == 0, out
     report = json.loads(out)
-    assert report["architecture"] == "gemma3" and report["chat_template"] is False
+    assert report["architecture"] == "gemma3" and report["chat_template"] is True  # the family's, see below
     assert any("sliding attention window of 5 tokens on 5 of 6 layers" in n for n in report["notes"])
+    assert any("no chat template in the file: gemma3's turn format" in n for n in report["notes"])
+
+
+def test_a_file_without_template_gets_gemmas_turns(tmp_path):
+    """A base model's GGUF has no template (the real 270M file); the conversion writes Gemma's turn format, so SFT
+    and chat use "<start_of_turn>user ... <start_of_turn>model" (before: SFT refused, lacking meshlm's chat
+    tokens). The system message opens the first user turn; loss on the reply and its <end_of_turn> only."""
+    from meshlm.data.posttrain.templates import HFChatTemplate, chat_template_for
+    from meshlm.tokenizer import MeshTokenizer
+
+    write_gemma3_gguf(tmp_path / "g.gguf", template=None)
+    result = convert_from_gguf(tmp_path / "g.gguf", tmp_path / "run")
+    assert result["chat_template"] is True
+    ckpt = Path(result["checkpoint"])
+    tok = MeshTokenizer.load(ckpt / "tokenizer.json")
+    template = chat_template_for(tok, ckpt)
+    assert isinstance(template, HFChatTemplate)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"},
+                {"role": "assistant", "content": "world"}]
+    encoded = template.encode(messages)
+    text = tok.decode(encoded.ids, skip_special_tokens=False)
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nhello<end_of_turn>\n<start_of_turn>model\n"
+                    "world<end_of_turn>\n"), text
+    learnt = tok.decode([i for i, m in zip(encoded.ids, encoded.loss_mask) if m], skip_special_tokens=False)
+    assert learnt == "world<end_of_turn>"
+    prompt = template.encode_prompt(messages[:2])
+    assert tok.decode(prompt, skip_special_tokens=False).endswith("<end_of_turn>\n<start_of_turn>model\n")
+    assert template.end_of_turn_ids() == [tok.backend.token_to_id("<end_of_turn>")]
 
 
 def test_to_gguf_is_read_back_by_transformers(tmp_path):

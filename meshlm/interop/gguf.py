@@ -188,6 +188,18 @@ def norm_offset(spec: FamilySpec, name: str) -> float:
 
 
 # ------------------------------------------------------------------------------------------------- import
+def _family_chat_template(spec: FamilySpec, tokenizer: Any, tok_config: dict[str, Any]) -> list[str]:
+    """A file without a chat template (a base model) gets its family's turn format when the vocabulary holds
+    that format's tokens (``tok_config`` gains it); the note says so."""
+    if "chat_template" in tok_config or not spec.chat_template:
+        return []
+    if any(tokenizer.token_to_id(t) is None for t in spec.chat_tokens):
+        return []
+    tok_config["chat_template"] = spec.chat_template
+    return [f"no chat template in the file: {spec.name}'s turn format ({', '.join(spec.chat_tokens)}) written "
+            "as the checkpoint's template"]
+
+
 def convert_from_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Write the model in GGUF file ``path`` as a meshlm run directory ``out`` (config.resolved.toml +
     checkpoints/step-00000000/ with the tokenizer and chat template), as ``convert_from_hf`` does."""
@@ -196,6 +208,7 @@ def convert_from_gguf(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     cfg, arch, notes = model_config_from_gguf(gguf)
     names = _check_tensors(gguf, cfg, arch)
     tokenizer, meta, tok_config = tokenizer_from_gguf(gguf.meta, path, cfg.vocab_size, cfg.max_seq_len)
+    notes += _family_chat_template(spec_of(cfg), tokenizer, tok_config)
     check_output(out, overwrite, [path])
     source = {"format": "gguf", "architecture": arch, "path": str(path.resolve()),
               "name": gguf.meta.get("general.name")}

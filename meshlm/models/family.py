@@ -85,6 +85,10 @@ class FamilySpec:
     # (GGUF metadata dict, architecture) -> the ModelConfig fields this family sets beyond the common shape keys
     gguf_config_in: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
     tokenizer: str = "bpe"  # "bpe" (byte-level BPE, HF tokenizer.json) or "sentencepiece" (Gemma)
+    # The family's turn format (Jinja), written by ``convert from-gguf`` when the file has no template and its
+    # vocabulary holds every token the format names (a base model's GGUF: Gemma's "<start_of_turn>" turns).
+    chat_template: str = ""
+    chat_tokens: tuple[str, ...] = ()  # the special tokens chat_template writes
     packed_decode: bool = False  # the packed decode block (meshlm/generate/packed.py) computes this family's block
     flags: dict[str, Any] | None = None  # the ModelConfig flags every model of the family has (checked on load)
 

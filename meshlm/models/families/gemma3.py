@@ -31,6 +31,16 @@ _HF_DEFAULTS = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar
                 "tie_word_embeddings": True, "sliding_window_pattern": 6, "initializer_range": 0.02,
                 "num_key_value_heads": 4, "head_dim": 256}
 _KINDS = {"sliding_attention": "sliding", "full_attention": "global"}
+# Gemma's turn format: "<start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n...<end_of_turn>\n"; no
+# system role (a system message opens the first turn, before a blank line). A base model's GGUF carries no
+# template; converting one writes this, so SFT and chat have Gemma's own turns rather than none.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' + "
+    "(system if loop.first else '') + m['content'] + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 
 
 def text_config(hf: dict[str, Any]) -> dict[str, Any]:
@@ -200,6 +210,8 @@ SPEC = FamilySpec(
     gguf_norm_offset=1.0,  # llama.cpp's converter stores Gemma's norm weights as 1 + w
     gguf_config_in=config_from_gguf,
     tokenizer="sentencepiece",
+    chat_template=CHAT_TEMPLATE,
+    chat_tokens=("<start_of_turn>", "<end_of_turn>"),
     packed_decode=False,  # the packed block has no post-norms, GeGLU or (1 + w) norms: plain forward
     flags=FLAGS,
 )
