@@ -106,6 +106,10 @@ class SFTSection:
                                  choices=("template", "base"))
     answer_rows: int = option(0, "With answer_targets = 'base': at most this many answer and this many warn prompts "
                               "answered by the base (0: all of them); the rest keep their templates.")
+    warn_targets: str = option("base", "With answer_targets = 'base', the targets of the warn rows: 'base' (the base's "
+                               "answer where the judge accepts it, then a caution and a referral) or 'template' (the "
+                               "synthesised warn text: the base is not asked; answer rows still take its answers).",
+                               choices=("base", "template"))
     lora_rank: int = option(0, LORA_RANK_DOC)
     lora_alpha: float = option(16.0, "LoRA alpha: the adapters' update is scaled by alpha / lora_rank.")
     lora_targets: list[str] = option(["q", "v"], "Projections given adapters: any of " + ", ".join(LORA_TARGETS) + ".")
@@ -129,6 +133,8 @@ class DPOSection:
     offline_pairs: int = option(300, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
     on_policy_exclude: list[str] = option(["answer>warn"], "On-policy label pairs (chosen>rejected, e.g. answer>warn) left out of "
                                           "the DPO data.")
+    warn_pair_repeat: int = option(1, "Times each pair whose chosen side is a warn (warn>answer, warn>refuse; on-policy, "
+                                   "probe or offline) appears in the DPO data; 1: once, like every other pair.")
     probe_prompts: int = option(3000, "New phrasings of training refuse subjects (probe framings, half in attack "
                                 "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
     lora_rank: int = option(0, LORA_RANK_DOC)
@@ -138,6 +144,8 @@ class DPOSection:
 
     def validate(self) -> None:
         check_lora("dpo", self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_dropout)
+        if self.warn_pair_repeat < 1:
+            raise ConfigError(f"dpo.warn_pair_repeat = {self.warn_pair_repeat}: must be >= 1 (1: each warn pair once)")
         pairs = label_pairs()
         for item in self.on_policy_exclude:
             if item not in pairs:

@@ -90,11 +90,13 @@ def probe_rows(spec: Spec, eval_groups: list[str], avoid: list[str], n: int, see
 
 def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label: Label, *, prompts: int,
                                 offline: int, seed: int, batch_size: int = 48, probes: list[dict] = (),
-                                exclude: tuple[str, ...] = ()) -> dict:
+                                exclude: tuple[str, ...] = (), warn_repeat: int = 1) -> dict:
     """``out``: the on-policy pairs of ``prompts`` sampled training prompts and of the ``probes`` (see
     :func:`probe_rows`), plus ``offline`` sampled rows of ``data/preference.jsonl`` (so every label pair stays
     represented); on-policy pairs whose ``chosen>rejected`` labels are in ``exclude`` are counted but not
-    written. Returns counts for the report."""
+    written; every pair whose chosen side is a warn is written ``warn_repeat`` times (DPO presents it that much
+    more often: on SmolLM2 they were a quarter of the pairs and DPO turned warns into refusals). Returns counts
+    for the report."""
     rng = random.Random(f"on-policy:{seed}")
     sft = _rows(data / "sft.jsonl")
     pairs, draw = sample_prompts(sft, prompts, generate, label, rng, batch_size=batch_size, exclude=exclude)
@@ -105,6 +107,9 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
     pairs = [p for p in pairs if _label_pair(p) not in exclude]
     pref = _rows(data / "preference.jsonl")
     mixed = pairs + probe_pairs + rng.sample(pref, min(offline, len(pref)))
+    n_distinct = len(mixed)
+    warned = [p for p in mixed if p["chosen_label"] == "warn"]
+    mixed += warned * (warn_repeat - 1)
     rng.shuffle(mixed)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in mixed))
     return {"prompts": min(prompts, len(sft)), "draw": draw, "on_policy_pairs": len(pairs),
@@ -112,7 +117,8 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
             "excluded": sorted(exclude),
             "probe_prompts": len(probes), "probe_pairs": len(probe_pairs),
             "probe_by_family": _by(probe_pairs, lambda p: p["family"]),
-            "offline_pairs": len(mixed) - len(pairs) - len(probe_pairs)}
+            "offline_pairs": n_distinct - len(pairs) - len(probe_pairs),
+            "warn_chosen_pairs": len(warned), "warn_pair_repeat": warn_repeat, "pairs_written": len(mixed)}
 
 
 def _stratum(policy: str, category: str) -> str:

@@ -141,7 +141,7 @@ def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, j
 
     def write(out: Path, generate) -> dict:
         return write_self_distilled(data, out, generate, judge.label, limit=cfg.sft.answer_rows, seed=cfg.data.seed,
-                                    batch_size=cfg.eval.batch_size)
+                                    batch_size=cfg.eval.batch_size, warn_targets=cfg.sft.warn_targets)
 
     return _generated_file("self-distilled SFT rows", data / "sft_self.jsonl", data / "self_distill.json", base, cfg,
                            resume, log, write, judge.name, cache)
@@ -200,7 +200,8 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
     def write(out: Path, generate) -> dict:
         return write_on_policy_preferences(data, out, generate, judge.label, prompts=d.on_policy_prompts,
                                            offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
-                                           probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude))
+                                           probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude),
+                                           warn_repeat=d.warn_pair_repeat)
 
     return _generated_file("on-policy pairs", data / "preference_on_policy.jsonl", data / "on_policy.json", sft, cfg,
                            resume, log, write, judge.name, cache)

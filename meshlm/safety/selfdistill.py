@@ -13,6 +13,11 @@ its template, which teaches answering through the framing), and
   category (:func:`meshlm.safety.synth.warn_closing`) when the base's answer alone is labelled ``answer`` and the
   whole is labelled ``warn``.
 
+With ``warn_targets = "template"`` the warn rows are not asked and keep their synthesised text: on SmolLM2 most
+of the base's accepted warn "information" was a deflection ("as a chatbot designed to assist with ..., I'm not
+equipped"), sympathy, a counter-question or wrong doses, which the judge reads as an answer (docs/safety.md,
+session 13).
+
 Every other row (refuse rows, multi-turn rows, prompts the base refused or looped on) keeps its template target.
 On safe prompts the fine-tune then mostly sees text it already assigns high probability, so the update is
 spent on what it has to learn: the refusals and the referrals.
@@ -52,11 +57,12 @@ def complete_sentences(text: str, max_chars: int | None = None) -> str:
 
 
 def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: int = 0, seed: int = 0,
-                 batch_size: int = 32) -> tuple[list[dict], dict]:
+                 batch_size: int = 32, warn_targets: str = "base") -> tuple[list[dict], dict]:
     """``rows`` with base-model targets where they pass (module docstring); ``limit`` > 0 answers at most that
-    many prompts of each policy (the others keep their templates). Returns (rows, counts)."""
+    many prompts of each policy (the others keep their templates); ``warn_targets = "template"`` asks no warn
+    prompt. Returns (rows, counts)."""
     rng = random.Random(f"self-distill:{seed}")
-    picked = {"answer": [], "warn": []}
+    picked = {"answer": [], "warn": []} if warn_targets == "base" else {"answer": []}
     for i, row in enumerate(rows):
         roles = [m["role"] for m in row["messages"]]
         if row.get("policy") in picked and roles == ["user", "assistant"] and row.get("family", "direct") == "direct":
@@ -64,7 +70,7 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
     for policy, index in picked.items():
         if limit and len(index) > limit:
             picked[policy] = sorted(rng.sample(index, limit))
-    todo = sorted(picked["answer"] + picked["warn"])
+    todo = sorted(i for index in picked.values() for i in index)
     prompts = [rows[i]["messages"][0]["content"] for i in todo]
     answers: list[str] = []
     for start in range(0, len(prompts), batch_size):
@@ -81,8 +87,8 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
     target_labels = label(prompts, targets)
     info_labels = label(prompts, infos)
     out = list(rows)
-    counts = {"answer_asked": len(picked["answer"]), "answer_kept": 0, "warn_asked": len(picked["warn"]),
-              "warn_kept": 0}
+    counts = {"answer_asked": len(picked["answer"]), "answer_kept": 0, "warn_asked": len(picked.get("warn", [])),
+              "warn_kept": 0, "warn_targets": warn_targets}
     for i, target, info, lab, info_lab in zip(todo, targets, infos, target_labels, info_labels):
         policy = rows[i]["policy"]
         keep = bool(target) and not _DEFLECTION.search(target) and \
@@ -95,9 +101,10 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
 
 
 def write_self_distilled(data: Path, out: Path, generate: Generate, label: Label, *, limit: int, seed: int,
-                         batch_size: int) -> dict:
+                         batch_size: int, warn_targets: str = "base") -> dict:
     """``out``: ``data/sft.jsonl`` with :func:`self_distill`'s targets; returns its counts."""
     rows = [row for _, row in iter_jsonl(data / "sft.jsonl", "the rows `meshlm align data` wrote")]
-    new, counts = self_distill(rows, generate, label, limit=limit, seed=seed, batch_size=batch_size)
+    new, counts = self_distill(rows, generate, label, limit=limit, seed=seed, batch_size=batch_size,
+                               warn_targets=warn_targets)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new))
     return counts
