@@ -88,7 +88,7 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
     info_labels = label(prompts, infos)
     out = list(rows)
     counts = {"answer_asked": len(picked["answer"]), "answer_kept": 0, "warn_asked": len(picked.get("warn", [])),
-              "warn_kept": 0, "warn_targets": warn_targets}
+              "warn_kept": 0}
     for i, target, info, lab, info_lab in zip(todo, targets, infos, target_labels, info_labels):
         policy = rows[i]["policy"]
         keep = bool(target) and not _DEFLECTION.search(target) and \
