@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from meshlm.generate.rollout import SamplingConfig, left_pad, rollout
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.rollout import left_pad, rollout
 from meshlm.interop.hf import hf_name
 from meshlm.models import build_model, flavor_config
 
@@ -52,7 +53,7 @@ def bench(flavor: str, batch: int, new: int, repeats: int, device: torch.device)
     twin = hf_twin(model)
     prompts = prompts_for(batch, model.cfg.vocab_size)
     ids, mask = left_pad(prompts, 0, device)
-    sampling = SamplingConfig(max_new_tokens=new, eos_ids=(), pad_id=0, greedy=True)
+    sampling = SamplingParams(max_tokens=new, temperature=0.0)  # greedy, no stop ids
 
     def ours() -> torch.Tensor:
         return rollout(model, prompts, sampling, device=device).response_ids

@@ -13,7 +13,8 @@ import torch
 from meshlm.generate import generate
 from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.packed import ROW_PACK_MAX_BATCH, packed_weights
-from meshlm.generate.rollout import SamplingConfig, rollout
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.rollout import rollout
 from meshlm.models import build_model, flavor_config
 from meshlm.models.lora import apply_lora, reset_lora_parameters
 
@@ -68,7 +69,7 @@ def test_padded_batch_logits_equal_the_plain_forward(arch, rows):
     # view pack (the model's own weights), multiplied with the operands swapped: ROW_PACK_MAX_BATCH
     assert ROW_PACK_MAX_BATCH == 1
     model = tiny(**ARCHS[arch])
-    cfg = SamplingConfig(max_new_tokens=10, eos_ids=(), pad_id=0, greedy=True)
+    cfg = SamplingParams(max_tokens=10, temperature=0.0)
     prompts = (PROMPTS * 2)[:rows]
     slow = rollout(model, prompts, cfg, fast=False)
     got = rollout(model, prompts, cfg)
@@ -87,7 +88,7 @@ def test_generate_greedy_and_seeded_sampling_match_the_plain_forward(arch):
 
 def test_rollout_seeded_sampling_and_eos_match_the_plain_forward():
     model = tiny()
-    cfg = SamplingConfig(max_new_tokens=16, eos_ids=(7, 11), pad_id=0, temperature=1.3, top_p=0.95)
+    cfg = SamplingParams(max_tokens=16, stop_ids=(7, 11), temperature=1.3, top_p=0.95)
     for kwargs in (dict(generator=torch.Generator().manual_seed(5)), dict(row_seeds=[1, 2, 3, 4])):
         slow = rollout(model, PROMPTS, cfg, fast=False, **{k: _fresh(v) for k, v in kwargs.items()})
         got = rollout(model, PROMPTS, cfg, **{k: _fresh(v) for k, v in kwargs.items()})

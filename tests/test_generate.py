@@ -88,7 +88,7 @@ def test_top_k_and_top_p_combine():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(temperature=0.0), "temperature"),
     (dict(temperature=-1.0), "temperature"),
-    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=-0.1), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(top_k=-1), "top_k"),
     (dict(prompt_ids=[]), "empty"),

@@ -14,7 +14,8 @@ from meshlm.generate import generate
 from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.int8 import Int8Matrix, check_weight_format
 from meshlm.generate.packed import packed_weights
-from meshlm.generate.rollout import SamplingConfig, rollout
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.rollout import rollout
 from meshlm.serve.engine import BatchEngine
 from meshlm.serve.protocol import Sampling
 from tests.test_decode import ARCHS, tiny
@@ -99,7 +100,7 @@ def test_generate_rollout_and_the_server_engine_decode_on_the_int8_pack(monkeypa
     per_step = 4 * len(model.layers) + 1  # q/k/v, o, gate/up, down per layer, and the head
     assert calls == [1] * per_step * 4  # four decode steps of one row, every matrix int8
     calls.clear()
-    cfg = SamplingConfig(max_new_tokens=3, eos_ids=(), pad_id=0, greedy=True)
+    cfg = SamplingParams(max_tokens=3, temperature=0.0)
     out = rollout(model, [prompt, [9, 8]], cfg, weights="int8")
     assert out.response_ids.shape == (2, 3) and out.response_ids[0, 0] == ids32[0]
     assert calls == [2] * per_step * 2
@@ -138,7 +139,7 @@ def test_refusals_name_the_key():
     with pytest.raises(ConfigError, match="fast=False"):
         generate(model, [5, 6], 2, greedy=True, fast=False, weights="int8")
     with pytest.raises(ConfigError, match="fast=False"):
-        rollout(model, [[5, 6]], SamplingConfig(max_new_tokens=2, eos_ids=(), pad_id=0, greedy=True), fast=False,
+        rollout(model, [[5, 6]], SamplingParams(max_tokens=2, temperature=0.0), fast=False,
                 weights="int8")
 
 

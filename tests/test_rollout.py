@@ -15,7 +15,8 @@ import torch.multiprocessing as mp
 from meshlm.config.loader import load_config
 from meshlm.errors import ConfigError
 from meshlm.generate import generate
-from meshlm.generate.rollout import SamplingConfig, rollout
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.rollout import rollout
 from meshlm.models import build_model, flavor_config, meta_model
 
 PROMPTS = [[5, 17, 300], [9], [44, 12, 7, 1000, 3, 81, 64], [200, 201]]
@@ -29,7 +30,7 @@ def _model():
 
 def test_greedy_rollout_equals_single_sequence_generation():
     model = _model()
-    cfg = SamplingConfig(max_new_tokens=12, eos_ids=(), pad_id=0, greedy=True)
+    cfg = SamplingParams(max_tokens=12, temperature=0.0)
     out = rollout(model, PROMPTS, cfg)
     assert out.response_ids.shape == (4, 12) and bool(out.response_mask.all())
     for row, prompt in enumerate(PROMPTS):
@@ -39,9 +40,9 @@ def test_greedy_rollout_equals_single_sequence_generation():
 
 def test_eos_stops_each_row_and_pads_after_it():
     model = _model()
-    free = rollout(model, PROMPTS, SamplingConfig(max_new_tokens=10, eos_ids=(), pad_id=0, greedy=True))
+    free = rollout(model, PROMPTS, SamplingParams(max_tokens=10, temperature=0.0))
     eos = int(free.response_ids[2, 3])  # row 2 emits this at step 3 (maybe other rows too, earlier or later)
-    out = rollout(model, PROMPTS, SamplingConfig(max_new_tokens=10, eos_ids=(eos, 2047), pad_id=0, greedy=True))
+    out = rollout(model, PROMPTS, SamplingParams(max_tokens=10, stop_ids=(eos, 2047), temperature=0.0))
     for row, prompt in enumerate(PROMPTS):
         alone = generate(model, prompt, 10, greedy=True, eos_id=[eos, 2047])
         n = len(alone)
@@ -53,7 +54,7 @@ def test_eos_stops_each_row_and_pads_after_it():
 
 def test_logprobs_equal_a_full_forward_and_sampling_is_seeded():
     model = _model()
-    cfg = SamplingConfig(max_new_tokens=8, eos_ids=(7,), pad_id=0, temperature=0.7, top_k=50)
+    cfg = SamplingParams(max_tokens=8, stop_ids=(7,), temperature=0.7, top_k=50)
     a = rollout(model, PROMPTS, cfg, generator=torch.Generator().manual_seed(3))
     b = rollout(model, PROMPTS, cfg, generator=torch.Generator().manual_seed(3))
     c = rollout(model, PROMPTS, cfg, generator=torch.Generator().manual_seed(4))
@@ -76,22 +77,24 @@ def test_row_seeded_sampling_does_not_depend_on_the_batch():
     them decoded as two batches of 2 (as two data-parallel ranks would, with the global prompt width), in any
     order; inverse-CDF sampling never picks a token outside top-k / vocab_limit."""
     model = _model()
-    cfg = SamplingConfig(max_new_tokens=6, eos_ids=(), pad_id=0, temperature=0.9, top_k=40, vocab_limit=2000)
+    cfg = SamplingParams(max_tokens=6, temperature=0.9, top_k=40)
     seeds = [101, 102, 103, 104]
-    whole = rollout(model, PROMPTS, cfg, row_seeds=seeds)
+    whole = rollout(model, PROMPTS, cfg, row_seeds=seeds, vocab_limit=2000)
     width = max(len(p) for p in PROMPTS)
-    halves = [rollout(model, PROMPTS[i:i + 2], cfg, row_seeds=seeds[i:i + 2], prompt_width=width) for i in (0, 2)]
-    swapped = rollout(model, PROMPTS[::-1], cfg, row_seeds=seeds[::-1])
+    halves = [rollout(model, PROMPTS[i:i + 2], cfg, row_seeds=seeds[i:i + 2], prompt_width=width, vocab_limit=2000)
+              for i in (0, 2)]
+    swapped = rollout(model, PROMPTS[::-1], cfg, row_seeds=seeds[::-1], vocab_limit=2000)
     assert torch.equal(whole.response_ids, torch.cat([h.response_ids for h in halves]))
     assert torch.equal(whole.response_ids, swapped.response_ids.flip(0))
-    assert not torch.equal(whole.response_ids, rollout(model, PROMPTS, cfg, row_seeds=[1, 2, 3, 4]).response_ids)
+    other = rollout(model, PROMPTS, cfg, row_seeds=[1, 2, 3, 4], vocab_limit=2000)
+    assert not torch.equal(whole.response_ids, other.response_ids)
     assert int(whole.response_ids.max()) < 2000 and bool(torch.isfinite(whole.logprobs).all())
     with pytest.raises(ConfigError, match="shorter than the longest prompt"):
         rollout(model, PROMPTS, cfg, row_seeds=seeds, prompt_width=3)
 
 
 def test_inverse_cdf_follows_the_distribution():
-    from meshlm.generate.rollout import inverse_cdf
+    from meshlm.generate.sampling import inverse_cdf
 
     probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]]).expand(4, 5)
     u = torch.tensor([0.0, 0.2499, 0.25, 0.999999999])
@@ -103,11 +106,13 @@ def test_inverse_cdf_follows_the_distribution():
 def test_bad_requests_are_config_errors():
     model = _model()
     with pytest.raises(ConfigError, match="max_seq_len"):
-        rollout(model, PROMPTS, SamplingConfig(max_new_tokens=250, eos_ids=(), pad_id=0))
-    with pytest.raises(ConfigError, match="temperature"):
-        rollout(model, PROMPTS, SamplingConfig(max_new_tokens=4, eos_ids=(), pad_id=0, temperature=0.0))
+        rollout(model, PROMPTS, SamplingParams(max_tokens=250))
+    with pytest.raises(ConfigError, match="max_tokens"):
+        rollout(model, PROMPTS, SamplingParams(max_tokens=None))
+    with pytest.raises(ConfigError, match="stop"):
+        rollout(model, PROMPTS, SamplingParams(max_tokens=4, stop=("x",)))
     with pytest.raises(ConfigError, match="at least one token"):
-        rollout(model, [[1], []], SamplingConfig(max_new_tokens=4, eos_ids=(), pad_id=0))
+        rollout(model, [[1], []], SamplingParams(max_tokens=4))
 
 
 def _free_port() -> int:
@@ -132,7 +137,7 @@ def _fsdp_worker(rank: int, world: int, port: int, eos: int, result: dict) -> No
             return bool(flag.item())
 
         prompts = PROMPTS[:1] if rank == 0 else PROMPTS[1:]  # ranks with different batches, lengths and stops
-        sampling = SamplingConfig(max_new_tokens=10, eos_ids=(eos,), pad_id=0, greedy=True)
+        sampling = SamplingParams(max_tokens=10, stop_ids=(eos,), temperature=0.0)
         out = rollout(policy, prompts, sampling, all_finished=all_finished)
         result[rank] = [out.response_ids[i][out.response_mask[i]].tolist() for i in range(len(prompts))]
     finally:
@@ -141,7 +146,7 @@ def _fsdp_worker(rank: int, world: int, port: int, eos: int, result: dict) -> No
 
 def test_fsdp2_rollout_equals_single_device():
     model = _model()
-    free = rollout(model, PROMPTS, SamplingConfig(max_new_tokens=10, eos_ids=(), pad_id=0, greedy=True))
+    free = rollout(model, PROMPTS, SamplingParams(max_tokens=10, temperature=0.0))
     eos = int(free.response_ids[0, 1])  # rank 0's only row stops early: it must keep decoding with rank 1
     expected = [generate(model, p, 10, greedy=True, eos_id=eos) for p in PROMPTS]
     with mp.Manager() as manager:

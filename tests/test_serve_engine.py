@@ -11,7 +11,9 @@ import torch
 
 from meshlm.generate import generate
 from meshlm.generate.decode import FastForward
-from meshlm.serve.decode import TextStream, sample_rows
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.sampling import RowSampler, sample
+from meshlm.serve.decode import TextStream
 from meshlm.serve.engine import BatchEngine
 from meshlm.serve.protocol import Finished, Sampling
 from tests.test_generate import tiny_model
@@ -105,13 +107,18 @@ def test_text_stream_holds_back_stop_prefixes():
     assert stream2.flush() == ""
 
 
-def test_sample_rows_temperature_and_top_p():
+def test_sample_temperature_and_top_p():
+    """The one sampler (meshlm/generate/sampling.py) as the engine calls it, one RowSampler a row."""
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]] * 3)
-    greedy = sample_rows(logits, [0.0, 0.0, 0.0], [1.0] * 3, [None] * 3)
-    assert greedy == [1, 1, 1]
-    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+
+    def rows(**fields):
+        return [RowSampler(SamplingParams(**fields), 4, seed=i) for i in range(3)]
+
+    assert sample(logits, rows(temperature=0.0)).tokens.tolist() == [1, 1, 1]
     # top_p 0.5: only token 1 (p = 0.64 at T=1) is in the nucleus, whatever the seed
-    assert sample_rows(logits, [1.0] * 3, [0.5] * 3, gens) == [1, 1, 1]
-    draws = {t for s in range(40) for t in sample_rows(logits[:1], [5.0], [1.0], [torch.Generator().manual_seed(s)])}
+    assert sample(logits, rows(top_p=0.5)).tokens.tolist() == [1, 1, 1]
+    draws = {int(sample(logits[:1], [RowSampler(SamplingParams(temperature=5.0), 4, seed=s)]).tokens[0])
+             for s in range(40)}
     assert draws == {0, 1, 2, 3}  # a hot temperature reaches every token
-    assert sample_rows(logits[:1], [1.0], [1.0], [None], vocab_limit=1) == [0]  # rows past the tokenizer excluded
+    one = [RowSampler(SamplingParams(), 4, seed=0)]
+    assert sample(logits[:1], one, vocab_limit=1).tokens.tolist() == [0]  # rows past the tokenizer excluded

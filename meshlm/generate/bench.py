@@ -28,7 +28,8 @@ from torch import nn
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.packed import packed_weights
-from meshlm.generate.rollout import SamplingConfig, rollout
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.rollout import rollout
 from meshlm.interop.hf import hf_name
 from meshlm.interop.hf_config import transformers_model
 
@@ -65,7 +66,7 @@ def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: t
     rows = prompts.tolist()
 
     def run(new_tokens: int) -> torch.Tensor:
-        cfg = SamplingConfig(max_new_tokens=new_tokens, eos_ids=(), pad_id=0, greedy=True)
+        cfg = SamplingParams(max_tokens=new_tokens, temperature=0.0)  # greedy, no stop ids
         return rollout(model, rows, cfg, device=device, fast=fast, weights=weights).response_ids
 
     return run

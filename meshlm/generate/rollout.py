@@ -7,8 +7,9 @@ sampling.py). Every decode step appends one slot to every row; a row that has em
 pad tokens from then on, outside its response mask.
 
 Layout-independent sampling: with ``row_seeds`` each row draws its uniforms from its own generator (seeded by
-the caller from the row's global sample index) and samples by inverse CDF, so a row's tokens do not depend on
-which rank it is on or which rows share its batch; ``prompt_width`` pads every rank to the same P.
+the caller from the row's global sample index) and samples by inverse CDF (the one sampler,
+meshlm/generate/sampling.py), so a row's tokens do not depend on which rank it is on or which rows share its
+batch; ``prompt_width`` pads every rank to the same P.
 
 Under data parallelism each rank generates from its own prompts. FSDP all-gathers parameters in every forward, a
 collective, so all ranks must run the same number of forwards: ``all_finished`` (a callable that ANDs a flag
@@ -26,30 +27,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from meshlm.errors import ConfigError
 from meshlm.generate.decode import fast_forward
-from meshlm.generate.sampling import filter_logits
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How a rollout samples. ``eos_ids``: a response ends after emitting any of them (e.g. ``<|eos|>`` and the
-    chat template's ``<|end|>``). ``vocab_limit`` excludes embedding rows beyond the tokenizer (padded
-    vocabularies)."""
-
-    max_new_tokens: int
-    eos_ids: tuple[int, ...]
-    pad_id: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    greedy: bool = False
-    vocab_limit: int | None = None
-
-    def validate(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.greedy and not self.temperature > 0:
-            raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        filter_logits(torch.zeros(1), self.top_k, self.top_p)  # checks top_k / top_p
+from meshlm.generate.params import SamplingError, SamplingParams
+from meshlm.generate.sampling import RowSampler, check_offline, row_seed, sample
 
 
 @dataclass
@@ -94,46 +73,6 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
-def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None,
-                  uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row from (B, V) logits -> (tokens (B,), their log-probs (B,) fp32).
-
-    The log-prob is under the distribution actually sampled from: softmax(filter(logits / temperature)); for
-    greedy decoding, softmax(logits). With ``uniforms`` (B,) in [0, 1), row b takes the first token whose
-    cumulative probability exceeds ``uniforms[b]`` (inverse CDF): a function of the row alone.
-    """
-    logits = logits.float()
-    if cfg.vocab_limit is not None and cfg.vocab_limit < logits.shape[-1]:
-        logits[:, cfg.vocab_limit:] = float("-inf")
-    if cfg.greedy:
-        tokens = logits.argmax(-1)  # (B,)
-        logp = torch.log_softmax(logits, dim=-1)
-    else:
-        logp = torch.log_softmax(filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p), dim=-1)
-        if uniforms is None:
-            tokens = torch.multinomial(logp.exp(), num_samples=1, generator=generator).squeeze(1)  # (B,)
-        else:
-            tokens = inverse_cdf(logp.exp(), uniforms)
-    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
-
-
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """(B, V) probabilities, (B,) uniforms in [0, 1) -> (B,) the first index whose cumulative mass exceeds
-    u · total, computed in fp64. The target is kept strictly below the total, so a zero-probability token (equal
-    cumulative values, e.g. beyond ``vocab_limit``) is never the first to exceed it."""
-    cdf = probs.double().cumsum(-1)  # (B, V)
-    total = cdf[:, -1:]  # (B, 1)
-    target = torch.minimum(uniforms.to(cdf)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
-
-
-def row_uniforms(row_seeds: Sequence[int], steps: int, device: torch.device | str) -> torch.Tensor:
-    """(B, steps) uniforms, row b from a CPU generator seeded by ``row_seeds[b]`` (the same on every device)."""
-    rows = [torch.rand(steps, generator=torch.Generator(device="cpu").manual_seed(int(s)), dtype=torch.float64)
-            for s in row_seeds]
-    return torch.stack(rows).to(device)
-
-
 # Decode steps between checks that every row has ended: each check waits for the device (a host sync), free on
 # CPU. Steps past the end only decode pads; the responses are cut back to where the last row ended.
 STOP_CHECK_EVERY = {"cuda": 8}
@@ -145,55 +84,83 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-@torch.no_grad()  # not inference_mode: FSDP reuses the gathered parameters' storage in later training forwards
-def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, *,
-            generator: torch.Generator | None = None, device: torch.device | str = "cpu",
-            all_finished: Callable[[bool], bool] | None = None, row_seeds: Sequence[int] | None = None,
-            prompt_width: int | None = None, fast: bool = True, weights: str = "fp32") -> Rollout:
-    """Generate a response for every prompt, all rows decoded together with one KV cache.
+def _row_samplers(params: SamplingParams, count: int, vocab_size: int, device: torch.device | str,
+                  row_seeds: Sequence[int] | None, shared: bool) -> list[RowSampler]:
+    """One sampler a row: seeded by ``row_seeds[b]``, else by ``params.seed`` (row b: :func:`row_seed`), else
+    drawing from the caller's generator (``shared``)."""
+    if row_seeds is not None and len(row_seeds) != count:
+        raise ConfigError(f"{len(row_seeds)} row seeds for {count} prompts")
+    seeds = list(row_seeds) if row_seeds is not None else [row_seed(params.seed, b) for b in range(count)]
+    return [RowSampler(params, vocab_size, device, seed=seeds[b], own_generator=not shared) for b in range(count)]
 
-    Stops when every row has emitted an eos (on every rank, with ``all_finished``) or after
-    ``cfg.max_new_tokens``; N, the number of tokens up to where the last row ended (with ``all_finished``: the
-    steps taken, the same on every rank), is the responses' width. ``row_seeds`` (one per
-    prompt) replaces ``generator`` by per-row inverse-CDF sampling; ``prompt_width`` fixes P (module docstring).
-    ``fast=False`` runs the model's plain forward instead of the fast decode path (meshlm/generate/decode.py);
-    ``weights="int8"`` decodes on int8 copies of the weights (meshlm/generate/int8.py; not for training rollouts,
-    whose log-probabilities must be the policy's own).
-    """
-    cfg.validate()
-    net = unwrap(model)
+
+def _check(params: SamplingParams, longest: int, net: nn.Module, fast: bool, weights: str) -> int:
+    """The steps to decode (params.max_tokens), refused where the model cannot hold them."""
+    check_offline(params, "rollout()")
+    steps = params.max_tokens
+    if steps is None or steps < 1:
+        raise SamplingError("max_tokens", f"a rollout needs max_tokens >= 1, got {steps}")
     if not fast and weights != "fp32":
         raise ConfigError(f"weights {weights!r} decode on the fast path; fast=False runs the model's own fp32 forward")
-    forward = fast_forward(net, weights) if fast else net
-    prompt_ids, prompt_mask = left_pad(prompts, cfg.pad_id, device, prompt_width)
-    if row_seeds is not None and len(row_seeds) != len(prompts):
-        raise ConfigError(f"{len(row_seeds)} row seeds for {len(prompts)} prompts")
-    uniforms = row_uniforms(row_seeds, cfg.max_new_tokens, device) if row_seeds is not None else None
+    if longest + steps > net.cfg.max_seq_len:
+        raise ConfigError(f"prompts of up to {longest} tokens + max_tokens {steps} exceed "
+                          f"model.max_seq_len = {net.cfg.max_seq_len}; shorten the prompts or lower max_tokens")
+    return steps
+
+
+@torch.no_grad()  # not inference_mode: FSDP reuses the gathered parameters' storage in later training forwards
+def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], params: SamplingParams, *, pad_id: int = 0,
+            vocab_limit: int | None = None, generator: torch.Generator | None = None,
+            device: torch.device | str = "cpu", all_finished: Callable[[bool], bool] | None = None,
+            row_seeds: Sequence[int] | None = None, prompt_width: int | None = None, fast: bool = True,
+            weights: str = "fp32") -> Rollout:
+    """Generate a response for every prompt, all rows decoded together with one KV cache, each row sampled by
+    ``params`` with the one sampler (meshlm/generate/sampling.py).
+
+    Stops when every row has emitted one of ``params.stop_ids`` (on every rank, with ``all_finished``) or after
+    ``params.max_tokens``; N, the number of tokens up to where the last row ended (with ``all_finished``: the
+    steps taken, the same on every rank), is the responses' width. Each row draws from its own generator, seeded
+    by ``row_seeds[b]`` or by ``params.seed`` (row 0 with the seed itself: one row samples as ``generate()`` does
+    with that seed); with neither, the rows draw from ``generator`` (or torch's global one). ``prompt_width``
+    fixes P (module docstring); ``pad_id`` fills the slots past a row's end; ``vocab_limit`` excludes embedding
+    rows beyond the tokenizer. ``fast=False`` runs the model's plain forward instead of the fast decode path
+    (meshlm/generate/decode.py); ``weights="int8"`` decodes on int8 copies of the weights (meshlm/generate/int8.py;
+    not for training rollouts, whose log-probabilities must be the policy's own).
+    """
+    net = unwrap(model)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id, device, prompt_width)
     B, P = prompt_ids.shape
-    if P + cfg.max_new_tokens > net.cfg.max_seq_len:
-        raise ConfigError(f"prompts of up to {P} tokens + max_new_tokens {cfg.max_new_tokens} exceed "
-                          f"model.max_seq_len = {net.cfg.max_seq_len}; shorten the prompts or lower max_new_tokens")
-    eos = torch.tensor(sorted(set(cfg.eos_ids)), dtype=torch.long, device=device)
-    cache = net.new_cache(B, P + cfg.max_new_tokens, device=device)
+    steps = _check(params, P, net, fast, weights)
+    forward = fast_forward(net, weights) if fast else net
+    shared = row_seeds is None and params.seed is None
+    rows = _row_samplers(params, B, net.cfg.vocab_size, device, row_seeds, shared)
+    eos = torch.tensor(sorted(set(params.stop_ids)), dtype=torch.long, device=device)
+    cache = net.new_cache(B, P + steps, device=device)
     # No row padded (one prompt, or prompts of one length): positions follow the slots, no mask is needed.
     dense = bool(prompt_mask.all())
-    mask = torch.cat([prompt_mask, torch.ones(B, cfg.max_new_tokens, dtype=torch.bool, device=device)], 1)
+    mask = torch.cat([prompt_mask, torch.ones(B, steps, dtype=torch.bool, device=device)], 1)
     next_pos = prompt_mask.long().sum(1)  # (B,) position of each row's next token
     positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # (B, P)
     logits = forward(prompt_ids, cache=cache, start_pos=0, position_ids=None if dense else positions,
                      padding_mask=None if dense else mask[:, :P])
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, logps, alive = [], [], []
-    check_every = STOP_CHECK_EVERY.get(torch.device(device).type, 1) if eos.numel() else cfg.max_new_tokens
-    for step in range(cfg.max_new_tokens):
-        u = uniforms[:, step] if uniforms is not None else None
-        token, logp = sample_tokens(logits[:, -1], cfg, generator, u)  # (B,) each
+    check_every = STOP_CHECK_EVERY.get(torch.device(device).type, 1) if eos.numel() else steps
+    for step in range(steps):
+        picked = sample(logits[:, -1], rows, vocab_limit=vocab_limit, with_logprobs=True,
+                        uniforms=_shared_uniforms(B, generator) if shared and not params.greedy else None)
+        if picked.failed:
+            raise ConfigError(f"rollout(): row {min(picked.failed)}: {picked.failed[min(picked.failed)]}")
+        token, logp = picked.tokens, picked.logprobs  # (B,) each
+        if rows[0].counts is not None:  # penalties count each live row's tokens
+            for b in (~finished).nonzero().squeeze(1).tolist():
+                rows[b].observe(int(token[b]))
         alive.append(~finished)
-        tokens.append(torch.where(finished, cfg.pad_id, token))
+        tokens.append(torch.where(finished, pad_id, token))
         logps.append(torch.where(finished, 0.0, logp))
         finished = finished | torch.isin(token, eos)
-        if (step + 1) % check_every == 0 or step + 1 == cfg.max_new_tokens:
-            done = bool(finished.all()) or step + 1 == cfg.max_new_tokens
+        if (step + 1) % check_every == 0 or step + 1 == steps:
+            done = bool(finished.all()) or step + 1 == steps
             if all_finished(done) if all_finished is not None else done:
                 break
         slot = P + step
@@ -204,3 +171,9 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], cfg: SamplingCon
     width = alive_cols.shape[1] if all_finished is not None else int(alive_cols.any(0).sum())
     return Rollout(prompt_ids, prompt_mask, torch.stack(tokens, 1)[:, :width], alive_cols[:, :width],
                    torch.stack(logps, 1)[:, :width])
+
+
+def _shared_uniforms(count: int, generator: torch.Generator | None) -> torch.Tensor:
+    """(count,) fp64 uniforms from the caller's generator (on its device), or torch's global one."""
+    device = generator.device if generator is not None else "cpu"
+    return torch.rand(count, generator=generator, dtype=torch.float64, device=device)

@@ -39,7 +39,8 @@ from torch import nn
 from meshlm.config.posttrain import ObjectiveConfig
 from meshlm.data.posttrain import PromptLoader, pad_id_for
 from meshlm.errors import ConfigError
-from meshlm.generate.rollout import Rollout, SamplingConfig, rollout, unwrap
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.rollout import Rollout, rollout, unwrap
 from meshlm.models.llama import ParamInit
 from meshlm.objectives.base import IGNORE_INDEX, MetricSums, Objective, ObjectiveContext
 from meshlm.objectives.losses import (
@@ -136,9 +137,10 @@ class RLObjective(Objective):
 
         init_from = resolve_checkpoint(job.checkpoint.init_from) if job.checkpoint.init_from else None
         eos = stop_ids(ctx.tokenizer, init_from)  # the tokenizer's folder (data_setup.load_tokenizer)
-        self.sampling = SamplingConfig(oc.max_new_tokens, tuple(sorted(eos)), pad_id_for(ctx.tokenizer),
-                                       oc.temperature, oc.top_k, oc.top_p, vocab_limit=ctx.tokenizer.vocab_size)
-        self.sampling.validate()
+        # The one SamplingParams (meshlm/generate/params.py); the config checked the ranges (temperature > 0).
+        self.sampling = SamplingParams(max_tokens=oc.max_new_tokens, temperature=oc.temperature, top_k=oc.top_k,
+                                       top_p=oc.top_p, stop_ids=tuple(sorted(eos)))
+        self.pad_id, self.vocab_limit = pad_id_for(ctx.tokenizer), ctx.tokenizer.vocab_size
         self.reference = ctx.build_frozen(job.checkpoint.init_from or None)[0]
         self.reward_fn = load_reward_fn(oc.reward_fn) if oc.reward_fn else None
         self.reward_model = ctx.build_frozen(oc.reward_model)[0] if oc.reward_model else None
@@ -222,8 +224,8 @@ class RLObjective(Objective):
         self.policy.eval()
         start = time.perf_counter()
         with self.autocast():
-            out = rollout(self.policy, prompts, self.sampling, device=self.device, all_finished=self._all_finished,
-                          row_seeds=seeds, prompt_width=width)
+            out = rollout(self.policy, prompts, self.sampling, pad_id=self.pad_id, vocab_limit=self.vocab_limit,
+                          device=self.device, all_finished=self._all_finished, row_seeds=seeds, prompt_width=width)
         seconds = time.perf_counter() - start
         self.policy.train()
         self._metrics.add("rollout_tokens_per_s", torch.tensor(out.num_tokens / seconds))

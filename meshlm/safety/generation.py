@@ -32,7 +32,7 @@ class CheckpointGenerator:
                  weights: str = "fp32") -> None:
         from meshlm.checkpoint.load import model_from_checkpoint
         from meshlm.data.posttrain import RowEncoder, pad_id_for
-        from meshlm.generate.rollout import SamplingConfig
+        from meshlm.generate.params import SamplingParams
         from meshlm.generate.stops import stop_ids
         from meshlm.tokenizer import MeshTokenizer
 
@@ -42,10 +42,12 @@ class CheckpointGenerator:
         self.tokenizer = MeshTokenizer.load(self.checkpoint / "tokenizer.json")
         self.template = RowEncoder(self.tokenizer, self.checkpoint).template
         eos = stop_ids(self.tokenizer, self.checkpoint, template=self.template)
-        self.sampling = SamplingConfig(max_new_tokens, tuple(sorted(eos)), pad_id_for(self.tokenizer),
-                                       temperature=temperature, greedy=greedy,
-                                       vocab_limit=self.tokenizer.vocab_size)
-        self.sampling.validate()
+        if not greedy and not temperature > 0:
+            raise ConfigError(f"temperature must be > 0 when sampling, got {temperature}; use greedy decoding")
+        # The one SamplingParams (meshlm/generate/params.py); sampled rows draw from self.generator (seeded).
+        self.sampling = SamplingParams(max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
+                                       stop_ids=tuple(sorted(eos)))
+        self.pad_id = pad_id_for(self.tokenizer)
         self.max_prompt = cfg.model.max_seq_len - max_new_tokens
         if self.max_prompt < 1:
             raise ConfigError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in model.max_seq_len "
@@ -118,9 +120,10 @@ class CheckpointGenerator:
         encoded = [self.prompt_ids(p) for p in prompts]
         # Batch rows of similar length together: less padding, and the batch's outputs do not depend on order.
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
-        result = rollout(self.model, [encoded[i] for i in order], self.sampling, generator=self.generator,
-                         device=self.device, weights=self.weights)
-        eos = set(self.sampling.eos_ids)
+        result = rollout(self.model, [encoded[i] for i in order], self.sampling, pad_id=self.pad_id,
+                         vocab_limit=self.tokenizer.vocab_size, generator=self.generator, device=self.device,
+                         weights=self.weights)
+        eos = set(self.sampling.stop_ids)
         texts: list[str] = [""] * len(prompts)
         for row, index in enumerate(order):
             ids = result.response_ids[row][result.response_mask[row]].tolist()

@@ -31,13 +31,14 @@ from typing import Any
 import torch
 
 from meshlm.generate.decode import FastForward, fast_forward
+from meshlm.generate.params import SamplingParams
 from meshlm.generate.rollout import left_pad
+from meshlm.generate.sampling import RowSampler, TokenMask, row_seed
 from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
-from meshlm.serve.decode import (RowLogits, TextStream, TokenMask, choice_seed, pick_tokens, prompt_logprobs,
-                                 token_logprob)
+from meshlm.serve.decode import TextStream, pick_tokens, prompt_logprobs, token_logprob
 from meshlm.serve.memory import trim_heap
-from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, Sampling, TokenLogprob, overloaded
+from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, TokenLogprob, overloaded
 from meshlm.tokenizer import MeshTokenizer
 
 
@@ -47,14 +48,13 @@ class Sequence:
 
     prompt: list[int]
     max_new: int
-    sampling: Sampling
+    sampling: SamplingParams
     eos: frozenset[int]
     text: TextStream
     emit: Callable[[Event], None]
-    generator: torch.Generator | None
+    sampler: RowSampler  # its generator (seeded), bias, penalties and grammar mask: the one sampler's row
     index: int = 0  # the choice of its request
     group: object | None = None  # shared by the n rows of one request: they are prefilled once
-    logits: RowLogits | None = None  # bias, penalties, a grammar mask; None: sample the model's logits as they are
     echo: str | None = None  # completions with echo: the prompt's text, sent first
     adapter: int = 0  # the LoRA adapter's slot in the engine's AdapterBank (0: the base model)
     generated: list[int] = field(default_factory=list)
@@ -66,8 +66,7 @@ class Sequence:
     def accept(self, token: int, logprob: TokenLogprob | None = None) -> None:
         """Record a sampled token and send its text; finish on eos, a stop string or the token limit."""
         self.generated.append(token)
-        if self.logits is not None:
-            self.logits.observe(token)
+        self.sampler.observe(token)
         if logprob is not None:
             self.unsent.append(logprob)
         if token in self.eos:
@@ -75,7 +74,7 @@ class Sequence:
         delta = self.text.push(token)
         if delta:
             self.send(delta)
-        if self.text.stopped or (self.logits is not None and self.logits.complete):
+        if self.text.stopped or self.sampler.complete:
             return self._finish("stop")  # a stop string, or the grammar's value is complete
         if len(self.generated) >= self.max_new:
             self._finish("length")
@@ -102,8 +101,10 @@ class BatchEngine:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
         # last-position logits on packed weights (meshlm/generate/decode.py); int8: meshlm/generate/int8.py
         self._fast = fast_forward(model, weights)
-        if isinstance(self._fast, FastForward):
-            self._fast.weights(1)  # the one-row (or int8) pack made at load, not in the first request's time
+        # Every pack the engine multiplies, made now (at load), not in the first request's time: the one-row (or
+        # int8) decode pack and the prefill's; a batch's decode steps multiply the prefill's view pack (no copies).
+        # Their bytes beyond the model's own weights are reported in status() (and by `meshlm serve` at load).
+        self.pack_bytes = self._fast.prepare(1) if isinstance(self._fast, FastForward) else 0
         self.max_batch, self.max_queue = max_batch, max_queue
         self.device = torch.device(device)
         self.context = model.cfg.max_seq_len
@@ -125,23 +126,25 @@ class BatchEngine:
         self._thread.start()
 
     # --- the asyncio side --------------------------------------------------------------------------------------
-    def submit(self, prompt: list[int], max_new: int, sampling: Sampling, eos: frozenset[int],
+    def submit(self, prompt: list[int], max_new: int, sampling: SamplingParams, eos: frozenset[int],
                emit: Callable[[Event], None]) -> Sequence:
         """One choice (``sampling.n`` is 1)."""
         assert sampling.n == 1
         return self.submit_choices(prompt, max_new, sampling, eos, emit)[0]
 
-    def submit_choices(self, prompt: list[int], max_new: int, sampling: Sampling, eos: frozenset[int],
+    def submit_choices(self, prompt: list[int], max_new: int, sampling: SamplingParams, eos: frozenset[int],
                        emit: Callable[[Event], None], *, echo: str | None = None,
                        masks: list[TokenMask] | None = None, adapter: int = 0) -> list[Sequence]:
-        """``sampling.n`` rows of one prompt, each with its own generator (choice_seed) and ``masks[i]``."""
+        """``sampling.n`` rows of one prompt, each with its own generator (choice i: ``row_seed(seed, i)``; the
+        eos ids end a row beside ``sampling.stop_ids``) and ``masks[i]``."""
         assert prompt and max_new >= 1 and len(prompt) + max_new <= self.context, "checked by the caller"
         self.check_n(sampling.n)
         group = object()
+        eos = eos | frozenset(sampling.stop_ids)
         rows = [Sequence(prompt, max_new, sampling, eos, TextStream(self.tokenizer, sampling.stop), emit,
-                         self._generator(sampling, i), index=i, group=group, echo=echo, adapter=adapter,
-                         logits=RowLogits.for_request(sampling, self.model.cfg.vocab_size, self.device,
-                                                      masks[i] if masks else None))
+                         RowSampler(sampling, self.model.cfg.vocab_size, self.device, seed=row_seed(sampling.seed, i),
+                                    mask=masks[i] if masks else None),
+                         index=i, group=group, echo=echo, adapter=adapter)
                 for i in range(sampling.n)]
         with self._cond:
             if self._closing:
@@ -160,14 +163,6 @@ class BatchEngine:
             raise ApiError(400, f"n {n} is above this server's --max-batch of {self.max_batch}",
                            param="n", code="n_above_max_batch")
 
-    def _generator(self, sampling: Sampling, index: int) -> torch.Generator | None:
-        if sampling.temperature <= 0:
-            return None
-        seed = choice_seed(sampling.seed, index)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else int.from_bytes(_random_bytes(), "little"))
-        return generator
-
     def cancel(self, seq: Sequence) -> None:
         seq.cancelled = True  # the engine drops it before its next step (a plain flag: read under the GIL)
 
@@ -175,7 +170,7 @@ class BatchEngine:
         with self._cond:
             stats = dict(self._stats)
             stats.update(active=len(self._rows), queued=len(self._pending), max_batch=self.max_batch,
-                         max_queue=self.max_queue)
+                         max_queue=self.max_queue, pack_bytes=self.pack_bytes)
         steps = stats["decode_steps"]
         stats["mean_batch"] = round(stats.pop("batch_rows") / steps, 2) if steps else 0.0
         return stats
@@ -351,9 +346,7 @@ class BatchEngine:
 
     def _accept(self, rows: list[Sequence], logits: torch.Tensor, slots: range) -> None:
         """Each row takes its token; a row whose grammar, sampling or callback raises fails alone."""
-        tokens, infos, failed = pick_tokens(logits, [s.sampling.temperature for s in rows],
-                                            [s.sampling.top_p for s in rows], [s.generator for s in rows],
-                                            [s.logits for s in rows], [s.sampling.logprobs for s in rows],
+        tokens, infos, failed = pick_tokens(logits, [s.sampler for s in rows], [s.sampling.logprobs for s in rows],
                                             self.tokenizer.vocab_size)
         # Counted before the rows hear their tokens: a client whose request just finished reads a status that
         # includes its last token (counting after raced the response: status lagged by a token).
@@ -424,9 +417,3 @@ def _kv(k: torch.Tensor, v: torch.Tensor) -> KVCache:
     cache = KVCache.__new__(KVCache)
     cache.k, cache.v = k, v
     return cache
-
-
-def _random_bytes() -> bytes:
-    import os
-
-    return os.urandom(7)

@@ -1,7 +1,7 @@
 """Structured outputs: ``response_format`` ``json_object`` / ``json_schema`` by constrained decoding.
 
 A grammar engine compiles the schema to a grammar and, at each step, says which tokens keep the output inside it;
-the row's logits outside that set become -inf before sampling (:class:`meshlm.serve.decode.RowLogits`), so every
+the row's logits outside that set become -inf before sampling (:class:`meshlm.generate.sampling.RowSampler`), so every
 finished answer parses and validates. The mask belongs to the row, not the batch: constrained and free rows decode
 in the same forward. When the grammar is complete (the JSON value closed) the row finishes with ``stop``.
 
@@ -160,7 +160,7 @@ def _pointer(root: dict[str, Any], ref: str) -> Any:
 
 
 class GrammarMask:
-    """One row's grammar state (a :class:`meshlm.serve.decode.TokenMask`)."""
+    """One row's grammar state (a :class:`meshlm.generate.sampling.TokenMask`)."""
 
     def __init__(self, matcher) -> None:
         self.matcher = matcher

@@ -65,6 +65,10 @@ def make_loader(opts: ServeOptions, registry=None):
             entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
             max_queue=opts.max_queue, weights=opts.weights))
         bases[entry.ref] = backend
+        # Its decode packs were made while loading (meshlm/serve/engine.py): say what they hold (GET /admin/status:
+        # loaded.<version>.pack_bytes).
+        print(f"meshlm serve: loaded {entry.ref} on {device}, {opts.weights} decode packs made at load: "
+              f"{backend.engine.pack_bytes / 2**20:.1f} MiB beyond the weights", file=sys.stderr, flush=True)
         return backend
 
     async def load(entry):

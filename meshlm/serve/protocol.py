@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from meshlm.generate.params import SamplingParams
+
 
 class ApiError(Exception):
     """An OpenAI-style error: HTTP ``status`` and the ``{"error": {...}}`` body. Messages never quote user text
@@ -33,25 +35,10 @@ def overloaded(what: str, retry_after: int = 1) -> ApiError:
                     code="overloaded", retry_after=retry_after)
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """The sampling fields of a request. ``max_tokens`` None: as many as the context and the server cap allow;
-    temperature 0 is greedy; ``seed`` None draws a fresh one (choice i > 0 of a seeded request uses a seed
-    derived from ``seed`` and i). Penalties follow OpenAI's formula on the tokens generated so far;
-    ``logit_bias`` is (token id, bias) pairs added to the logits. ``logprobs`` None: none returned; k >= 0: the
-    chosen token's log-prob and the k most likely ones. ``echo``: the prompt text starts the answer."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    logprobs: int | None = None
-    echo: bool = False
+# A request's sampling fields: the one SamplingParams of generate() and rollout() (meshlm/generate/params.py).
+# ``max_tokens`` None: as many as the context and the server cap allow; ``seed`` None draws a fresh one (choice
+# i > 0 of a seeded request uses a seed derived from ``seed`` and i); ``stop`` strings end the text here.
+Sampling = SamplingParams
 
 
 @dataclass(frozen=True)
