@@ -13,8 +13,8 @@ import torch
 
 from meshlm.errors import DataError, UserError
 from meshlm.models.encoder import TextEncoder
-from meshlm.safety.encoder_judge import (TEST_SETS, EncoderClassifier, EncoderJudgeConfig, resolve_encoder,
-                                         shipped_training_rows)
+from meshlm.safety.encoder_judge import (TEST_SETS, EncoderClassifier, EncoderJudgeConfig, head_rows,
+                                         resolve_encoder, shipped_training_rows)
 from meshlm.safety.judges import make_judge
 from meshlm.safety.judges.encoder import EncoderJudge
 
@@ -216,7 +216,8 @@ def test_resolve_encoder(tmp_path, monkeypatch, tiny_encoder):
 
 
 def test_shipped_training_rows_leave_out_the_test_sets():
-    """`shipped` is every dev set of the manifest less its unclear rows; no sealed set is read."""
+    """`shipped` is every row of every dev set of the manifest; no sealed set is read. A 3-class head trains on
+    them less the unclear rows, a 4-class head on all."""
     from meshlm.safety import evalsets
 
     dev = evalsets.sets("judge", "dev")
@@ -225,8 +226,44 @@ def test_shipped_training_rows_leave_out_the_test_sets():
     unclear = sum(r["label"] == "unclear" for r in every)
     assert TEST_SETS and not set(TEST_SETS) & {s.file for s in dev}
     assert set(TEST_SETS) >= {"judge_sealed_writer_e.jsonl", "judge_sealed_writer_f.jsonl", "judge_sealed_writer_g.jsonl"}
-    assert unclear and len(rows) == len(every) - unclear == sum(s.rows for s in dev) - unclear > 900
-    assert {r["label"] for r in rows} == {"refuse", "warn", "answer"}
+    assert unclear and rows == every and len(rows) == sum(s.rows for s in dev) > 900
+    assert len(head_rows(rows, 3)) == len(rows) - unclear and head_rows(rows, 4) == rows
+    assert {r["label"] for r in head_rows(rows, 3)} == {"refuse", "warn", "answer"}
+
+
+def _unclear_rows() -> list[dict]:
+    """_rows() and off-target text labelled unclear: fluent words on another subject, which no degenerate-text
+    check catches (a small model's answer to a question it was not asked)."""
+    off = ["python list sort first then second", "kill process then python list", "the answer is first second"]
+    return _rows() + [{"prompt": "what dose", "response": off[i % 3], "label": "unclear"} for i in range(8)]
+
+
+def test_a_four_class_judge_learns_unclear(tmp_path, tiny_encoder):
+    """--classes 4: the head learns unclear from the rows labelled so, saves and loads its four labels, and the
+    degenerate-text check still runs before it; a 3-class head is refused rows labelled unclear."""
+    rows = _unclear_rows()
+    cfg = EncoderJudgeConfig(epochs=10, batch_size=8, lr=1e-2, head_lr=1e-2, warmup_steps=2, max_len=32,
+                             adapter_rank=2, classes=4)
+    judge = EncoderClassifier.train(rows, tiny_encoder, cfg)
+    assert judge.labels == ("refuse", "warn", "answer", "unclear") and judge.head.out_features == 4
+    off = [r for r in rows if r["label"] == "unclear"]
+    assert judge.predict([r["prompt"] for r in off], [r["response"] for r in off]).count("unclear") >= 6
+    folder = judge.save(tmp_path / "judge4")
+    assert json.loads((folder / "judge.json").read_text())["labels"] == list(judge.labels)
+    plugin = make_judge(f"encoder:{folder}")
+    prompts, responses = [r["prompt"] for r in rows], [r["response"] for r in rows]
+    assert plugin.model.labels == judge.labels
+    assert plugin.label(prompts, responses) == judge.predict(prompts, responses)
+    assert plugin.label(["what dose"], ["no no no no no no no"]) == ["unclear"]
+    assert plugin.explain("no no no no no no no", "what dose")["degenerate"] == "loop"
+    with pytest.raises(DataError, match="lack a string 'response' or a 'label' in"):
+        EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(batch_size=8, max_len=32, classes=3))
+    with pytest.raises(UserError, match="--classes must be 3"):
+        EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(batch_size=8, max_len=32, classes=5))
+    meta = json.loads((folder / "judge.json").read_text())
+    (folder / "judge.json").write_text(json.dumps({**meta, "labels": ["refuse", "unclear"]}))
+    with pytest.raises(DataError, match="not an encoder judge over"):
+        EncoderClassifier.load(folder)
 
 
 def test_cli_trains_and_uses_an_encoder_judge(tmp_path, capfd, tiny_encoder):
@@ -241,11 +278,29 @@ def test_cli_trains_and_uses_an_encoder_judge(tmp_path, capfd, tiny_encoder):
     labelled = tmp_path / "labelled.jsonl"
     labelled.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
     out = tmp_path / "judge"
-    code, stdout, _ = cli("judge", "--train-judge", str(labelled), "--encoder", str(tiny_encoder), "--out", str(out),
-                          "--epochs", "1", "--json")
-    assert code == 0
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in _unclear_rows()))
+    code, stdout, err = cli("judge", "--train-judge", str(labelled), "--encoder", str(tiny_encoder), "--out",
+                            str(out), "--epochs", "1", "--json")
+    assert code == 0 and "left out 8 rows labelled unclear" in err
     summary = json.loads(stdout)
     assert summary["kind"] == "encoder-judge" and summary["rows"] == len(_rows()) and (out / "judge.json").is_file()
+    # the training source and the rows trained on are pinned by hash
+    import hashlib
+
+    from meshlm.safety.encoder_judge import rows_sha256
+
+    training = json.loads((out / "judge.json").read_text())["training"]
+    assert training["sources"] == [{"source": str(labelled), "file": "labelled.jsonl",
+                                    "sha256": hashlib.sha256(labelled.read_bytes()).hexdigest()}]
+    assert training["rows_sha256"] == rows_sha256(_rows()) != rows_sha256(_unclear_rows())
+    code, stdout, err = cli("judge", "--train-judge", str(labelled), "--encoder", str(tiny_encoder), "--out",
+                            str(tmp_path / "judge4"), "--epochs", "1", "--classes", "4", "--json")
+    assert code == 0 and "left out" not in err and json.loads(stdout)["rows"] == len(_unclear_rows())
+    assert json.loads((tmp_path / "judge4" / "judge.json").read_text())["labels"][-1] == "unclear"
+    code, _, err = cli("judge", "--train-judge", str(labelled), "--encoder", str(tiny_encoder), "--out",
+                       str(tmp_path / "judge5"), "--classes", "5")
+    assert code == 2 and "--classes must be 3" in err and "Traceback" not in err
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
     code, stdout, _ = cli("judge", str(labelled), "--out", str(tmp_path / "o.jsonl"), "--judge", f"encoder:{out}",
                           "--json")
     assert code == 0 and json.loads(stdout)["judge"] == f"encoder:{out}"
@@ -346,3 +401,28 @@ def test_encoder_judge_without_a_folder_is_the_shipped_adapter_judge():
         _load_adapter(encoder, meta["adapter"], f, names, SHIPPED / ADAPTER_FILE)
         assert tuple(f.get_tensor("judge_head.weight").shape) == (3, encoder.cfg.hidden_size)
     assert all(not torch.equal(encoder.state_dict()[n], t) for n, t in before.items())  # the adapters merged
+
+
+def test_a_judge_starts_from_a_saved_adapter_judge(tmp_path, tiny_encoder):
+    """--init-from: a 4-class adapter judge started from a 3-class one has its adapters and its refuse / warn /
+    answer head rows (untrained, it gives the same logits for them), and records the judge it started from; a
+    judge of another rank is refused."""
+    rows = _rows()
+    cfg = EncoderJudgeConfig(epochs=4, batch_size=8, lr=1e-2, head_lr=1e-2, warmup_steps=2, max_len=32, adapter_rank=2)
+    first = EncoderClassifier.train(rows, tiny_encoder, cfg).save(tmp_path / "first")
+    old = EncoderClassifier.load(first)
+    still = EncoderJudgeConfig(epochs=1, batch_size=8, lr=1e-12, head_lr=1e-12, max_len=32, adapter_rank=2, classes=4)
+    warm = EncoderClassifier.train(_unclear_rows(), tiny_encoder, still, init_from=first)
+    prompts, responses = [r["prompt"] for r in rows], [r["response"] for r in rows]
+    logits = [m._logits(m._batch(prompts, responses)) for m in (old, warm)]
+    assert torch.allclose(logits[1][:, :3], logits[0], atol=1e-5)
+    record = warm.meta["init_from"]
+    assert record["judge"] == "first" and record["labels"] == ["refuse", "warn", "answer"]
+    assert record["training"] == old.meta["training"] and len(record["adapter_sha256"]) == 64
+    cold = EncoderClassifier.train(_unclear_rows(), tiny_encoder, still)
+    assert not torch.allclose(cold._logits(cold._batch(prompts, responses))[:, :3], logits[0], atol=1e-3)
+    with pytest.raises(DataError, match="not an adapter judge of the same shape"):
+        EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(batch_size=8, max_len=32, adapter_rank=4),
+                                init_from=first)
+    with pytest.raises(UserError, match="give --adapter-rank"):
+        EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(batch_size=8, max_len=32), init_from=first)

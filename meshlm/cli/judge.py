@@ -10,9 +10,9 @@ INPUT rows are ``{"prompt", "response", ...}``; OUT has each row plus ``"label"`
 ``{"prompt", "response", "label", "category"}`` (``meshlm align data`` writes labelled_responses.jsonl).
 With ``--encoder`` the judge is a pretrained BERT-family encoder fine-tuned on the rows (the encoder judge,
 meshlm/safety/encoder_judge.py); ``shipped`` names the hand-written labelled sets shipped with meshlm, less the
-sealed test sets. The judges, their flags and their trainers are the plug-ins of meshlm/safety/judges/; rows
-labelled unclear are left out of training (a judge's head has three classes; degenerate text is labelled unclear
-before it).
+sealed test sets. The judges, their flags and their trainers are the plug-ins of meshlm/safety/judges/; a
+trainer whose head has no unclear class leaves the rows labelled unclear out (degenerate text is labelled unclear
+before any head).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from meshlm.cli.jsonout import emit
 from meshlm.errors import ConfigError, DataError
 from meshlm.safety import judges
-from meshlm.safety.taxonomy import LABELS, UNCLEAR
+from meshlm.safety.taxonomy import LABELS
 
 
 def register(sub, add_config_args) -> None:
@@ -108,7 +108,7 @@ def _label(args: argparse.Namespace) -> int:
 
 
 def _labelled_rows(sources: list[str]) -> list[dict]:
-    """The training rows of every source, less those labelled unclear (no head has that class)."""
+    """The training rows of every source (a trainer whose head has no unclear class leaves those rows out)."""
     from meshlm.safety.encoder_judge import shipped_training_rows, synthetic_rows
 
     rows = []
@@ -128,11 +128,7 @@ def _labelled_rows(sources: list[str]) -> list[dict]:
             raise DataError(f"{source}: row {bad[0]}: 'label' must be one of {', '.join(LABELS)}, "
                             f"got {part[bad[0] - 1]['label']!r}")
         rows += part
-    kept = [r for r in rows if r["label"] != UNCLEAR]
-    if len(kept) < len(rows):
-        print(f"left out {len(rows) - len(kept)} rows labelled unclear (degenerate text is labelled before a "
-              "judge's head)", file=sys.stderr)
-    return kept
+    return rows
 
 
 def _log(message: str) -> None:
@@ -141,7 +137,7 @@ def _log(message: str) -> None:
 
 def _train_judge(args: argparse.Namespace) -> int:
     kind = judges.trainer_for(args)
-    options = judges.train_options(kind, args)
+    options = {**judges.train_options(kind, args), "sources": list(args.train_judge)}  # pinned by hash in judge.json
     rows = _labelled_rows(args.train_judge)
     return _report_saved(args, kind.train(rows, options, args.out, _log))
 

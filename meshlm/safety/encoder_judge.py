@@ -6,7 +6,9 @@ encoder pretrained on real text (a BERT-family folder, e.g. all-MiniLM-L6-v2) so
 response *does* — declines, gives general information, refers to a professional — in phrasings it was never shown.
 
 Input: ``[CLS] prompt [SEP] response [SEP]`` (token types 0 / 1, the longer side truncated first to ``max_len``
-tokens), hidden states mean-pooled over real tokens, a (hidden → 3) head over refuse / warn / answer. Training
+tokens), hidden states mean-pooled over real tokens, a (hidden → 3) head over refuse / warn / answer — or, with
+``classes = 4``, a (hidden → 4) head that also says ``unclear``, learned from rows labelled so (off-target and
+half-looped small-model text that the degenerate-text check of judges/base.py cannot see). Training
 fine-tunes every weight with AdamW (the rate multiplied by a linear warm-up and by a linear decay to 0 over the
 run; the head at a higher rate), cross-entropy, fixed seed and shuffling.
 
@@ -26,6 +28,7 @@ judge works without a first-use training.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import io
 import json
@@ -55,8 +58,7 @@ from meshlm.safety import evalsets
 from meshlm.safety.datasets import labelled_rows
 from meshlm.safety.spec import load_spec
 from meshlm.safety.synth import synthesize
-from meshlm.safety.taxonomy import POLICIES as LABELS  # the head's classes: unclear is labelled before it
-from meshlm.safety.taxonomy import UNCLEAR
+from meshlm.safety.taxonomy import LABELS, POLICIES, UNCLEAR
 from meshlm.train.callbacks import TrainerCallback
 from meshlm.train.data_setup import PostTrainData
 from meshlm.train.run_dir import init_run_dir
@@ -89,16 +91,38 @@ class EncoderJudgeConfig:
     seed: int = 0
     adapter_rank: int = 0  # > 0: LoRA adapters of this rank (+ LayerNorms and head) over the frozen encoder
     adapter_alpha: float = 16.0
+    classes: int = 3  # 3: refuse / warn / answer; 4: and unclear, learned from rows labelled unclear
+
+
+def head_labels(classes: int) -> tuple[str, ...]:
+    """The labels of a head of ``classes`` outputs: 3 (unclear only from the degenerate-text check) or 4."""
+    if classes not in (3, 4):
+        raise UserError(f"--classes must be 3 (refuse / warn / answer) or 4 (and unclear), got {classes}")
+    return POLICIES if classes == 3 else LABELS
 
 
 def shipped_training_rows() -> list[dict]:
-    """Every dev labelled response set of evalsets.toml (hand-written from the definitions; never the sealed test
-    sets, :data:`TEST_SETS`), less the rows labelled unclear (the head has three classes; degenerate
-    text is labelled before it)."""
+    """Every row of every dev labelled response set of evalsets.toml (hand-written from the definitions, and the
+    hand-labelled responses of real small models; never the sealed test sets, :data:`TEST_SETS`). A 3-class
+    head leaves the rows labelled unclear out (:func:`head_rows`)."""
     rows = []
     for found in evalsets.sets("judge", "dev"):
         rows += [json.loads(line) for line in found.path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [row for row in rows if row.get("label") != UNCLEAR]
+    return rows
+
+
+def head_rows(rows: Sequence[dict], classes: int) -> list[dict]:
+    """The rows a head of ``classes`` outputs trains on: all of them for 4, those not labelled unclear for 3."""
+    return list(rows) if classes == 4 else [row for row in rows if row.get("label") != UNCLEAR]
+
+
+def rows_sha256(rows: Sequence[dict]) -> str:
+    """The sha256 of rows as a judge reads them (prompt, response, label, in order): what it was trained on."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update((json.dumps([row.get("prompt") or "", row.get("response"), row.get("label")],
+                                  ensure_ascii=False) + "\n").encode())
+    return digest.hexdigest()
 
 
 def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
@@ -189,6 +213,33 @@ def _load_adapter(encoder: TextEncoder, adapter: dict, f, names: set[str], weigh
     encoder.requires_grad_(False)
 
 
+def warm_start(folder: Path, encoder: TextEncoder, head: nn.Linear, labels: Sequence[str], adapter: dict) -> dict:
+    """Start an adapter judge from a saved one over the same base (``--init-from``): its adapters, LayerNorms and
+    the head rows of the labels both heads have (a new label's row keeps its fresh init). Returns what judge.json
+    records of it: the folder's name, its adapter's sha256, its labels and its own training record."""
+    meta_path, weights = folder / "judge.json", folder / ADAPTER_FILE
+    try:
+        old = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"--init-from {folder}: no readable judge.json ({exc}); give a saved adapter judge") from None
+    mine = {k: adapter[k] for k in ("rank", "alpha", "targets", "base_sha256")}
+    theirs = {k: (old.get("adapter") or {}).get(k) for k in mine} if isinstance(old, dict) else {}
+    if theirs != mine or not weights.is_file():
+        raise DataError(f"--init-from {folder}: not an adapter judge of the same shape over the same encoder "
+                        f"({theirs} there, {mine} here)")
+    trainable = {n: p for n, p in encoder.named_parameters() if p.requires_grad}
+    with safe_open(str(weights), "pt") as f, torch.no_grad():
+        for name, param in trainable.items():
+            param.copy_(f.get_tensor(name).float())
+        old_labels, weight, bias = old["labels"], f.get_tensor("judge_head.weight"), f.get_tensor("judge_head.bias")
+        for i, label in enumerate(labels):
+            if label in old_labels:
+                head.weight[i].copy_(weight[old_labels.index(label)].float())
+                head.bias[i].copy_(bias[old_labels.index(label)].float())
+    return {"judge": folder.name, "adapter_sha256": sha256_file(weights), "labels": old_labels,
+            "training": old.get("training"), "trained_by": old.get("trained_by")}
+
+
 def _umask_mode(mode: int) -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -217,8 +268,8 @@ class PairClassifier(nn.Module):
 
 
 def _job(cfg: EncoderJudgeConfig, steps: int):
-    """The Trainer's config for the recipe of :class:`EncoderJudgeConfig`: the classify objective over refuse /
-    warn / answer; AdamW (β 0.9 / 0.999, weight decay on matrices only) at ``lr``, the head at ``head_lr``; a
+    """The Trainer's config for the recipe of :class:`EncoderJudgeConfig`: the classify objective over the head's
+    labels; AdamW (β 0.9 / 0.999, weight decay on matrices only) at ``lr``, the head at ``head_lr``; a
     linear warm-up over ``warmup_steps``, then a linear decay to 0 at the last step; no clipping; fp32 on the CPU;
     no checkpoints and no held-out split (the judge is saved by :meth:`EncoderClassifier.save`)."""
     return build_config({
@@ -231,7 +282,7 @@ def _job(cfg: EncoderJudgeConfig, steps: int):
                      "precision": "fp32", "device": "cpu", "max_grad_norm": 0.0, "eval_interval": 0},
         "checkpoint": {"enabled": False},
         "metrics": {"interval": 50, "tensorboard": False, "progress": "plain"},
-        "objective": {"classes": list(LABELS), "eval_fraction": 0.0},
+        "objective": {"classes": list(head_labels(cfg.classes)), "eval_fraction": 0.0},
     })
 
 
@@ -253,13 +304,14 @@ class _Progress(TrainerCallback):
 
 
 class EncoderClassifier:
-    """``predict(prompts, responses)`` → refuse / warn / answer, from a fine-tuned encoder (the model of the
-    encoder judge, judges/encoder.py, which labels degenerate text unclear before it)."""
+    """``predict(prompts, responses)`` → refuse / warn / answer (/ unclear with a 4-class head), from a fine-tuned
+    encoder (the model of the encoder judge, judges/encoder.py, which labels degenerate text unclear before it)."""
 
     def __init__(self, encoder: TextEncoder, tokenizer: EncoderTokenizer, head: nn.Linear, meta: dict,
                  path: str | None = None) -> None:
         self.encoder, self.tokenizer, self.head = encoder.eval(), tokenizer, head.eval()
         self.meta, self.max_len = meta, int(meta["config"]["max_len"])
+        self.labels = tuple(meta["labels"])
         self.name = f"encoder:{path}" if path else "encoder"
 
     def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -275,23 +327,27 @@ class EncoderClassifier:
         self.head.eval()
         out = [F.softmax(self._logits(self._batch(prompts[i:i + batch_size], responses[i:i + batch_size])), -1)
                for i in range(0, len(responses), batch_size)]
-        return torch.cat(out) if out else torch.zeros(0, len(LABELS))
+        return torch.cat(out) if out else torch.zeros(0, len(self.labels))
 
     def predict(self, prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
-        return [LABELS[i] for i in self.probabilities(list(prompts), list(responses)).argmax(-1).tolist()]
+        return [self.labels[i] for i in self.probabilities(list(prompts), list(responses)).argmax(-1).tolist()]
 
     # ---- training --------------------------------------------------------------------------------------
     @classmethod
     def train(cls, rows: Sequence[dict], encoder: str | Path, cfg: EncoderJudgeConfig | None = None,
-              log: Callable[[str], None] | None = None) -> "EncoderClassifier":
+              log: Callable[[str], None] | None = None, init_from: str | Path | None = None) -> "EncoderClassifier":
+        """Fine-tune on ``rows``; ``init_from``: a saved adapter judge to start from (:func:`warm_start`)."""
         cfg = cfg or EncoderJudgeConfig()
+        if init_from is not None and cfg.adapter_rank < 1:
+            raise UserError("--init-from starts an adapter judge from another: give --adapter-rank too")
         if cfg.epochs < 1 or cfg.batch_size < 1:
             raise UserError(f"epochs and batch size must be >= 1 (got {cfg.epochs}, {cfg.batch_size})")
-        bad = [i for i, r in enumerate(rows, 1) if r.get("label") not in LABELS or not isinstance(r.get("response"), str)]
+        labels = head_labels(cfg.classes)
+        bad = [i for i, r in enumerate(rows, 1) if r.get("label") not in labels or not isinstance(r.get("response"), str)]
         if bad:
-            raise DataError(f"training rows {bad[:5]} lack a string 'response' or a 'label' in {list(LABELS)}")
+            raise DataError(f"training rows {bad[:5]} lack a string 'response' or a 'label' in {list(labels)}")
         if len(rows) < cfg.batch_size:
             raise DataError(f"{len(rows)} training rows are fewer than one batch of {cfg.batch_size}")
         folder = resolve_encoder(encoder)
@@ -299,17 +355,19 @@ class EncoderClassifier:
         enc, tok = TextEncoder.from_folder(folder)
         if cfg.max_len > enc.cfg.max_position_embeddings:  # the encoder reads no more positions than it learned
             cfg = EncoderJudgeConfig(**{**asdict(cfg), "max_len": enc.cfg.max_position_embeddings})
-        head = nn.Linear(enc.cfg.hidden_size, len(LABELS))
-        meta = {"config": asdict(cfg), "encoder": {"source": str(encoder), "folder": str(folder),
+        head = nn.Linear(enc.cfg.hidden_size, len(labels))
+        meta = {"labels": list(labels), "config": asdict(cfg), "encoder": {"source": str(encoder), "folder": str(folder),
                                                   "hidden_size": enc.cfg.hidden_size,
                                                   "layers": enc.cfg.num_hidden_layers}}
         if cfg.adapter_rank > 0:
             meta["adapter"] = adapt_encoder(enc, cfg.adapter_rank, cfg.adapter_alpha, cfg.seed)
             base = MINILM if str(encoder) == MINILM else str(folder.resolve())  # found again from any directory
             meta["adapter"].update(base=base, base_sha256=sha256_file(folder / "model.safetensors"))
+            if init_from is not None:
+                meta["init_from"] = warm_start(Path(init_from), enc, head, labels, meta["adapter"])
         judge = cls(enc, tok, head, meta)
         steps = cfg.epochs * (len(rows) // cfg.batch_size)
-        pairs = [(str(r.get("prompt") or ""), r["response"], LABELS.index(r["label"])) for r in rows]
+        pairs = [(str(r.get("prompt") or ""), r["response"], labels.index(r["label"])) for r in rows]
         data = PostTrainData(tokenizer=tok, tokenizer_dir=folder, train_loader=PairLoader(
             pairs, tok, cfg.max_len, cfg.batch_size, seed=cfg.seed), eval_loader=None)
         losses, start = _Progress(steps, log), time.perf_counter()
@@ -319,7 +377,7 @@ class EncoderClassifier:
                 init_run_dir(Path(tmp) / "run", config_to_toml(job), resume=False)
                 Trainer(job, Path(tmp) / "run", callbacks=[losses], model=PairClassifier(enc, head), data=data).train()
         predicted = judge.predict([r.get("prompt", "") for r in rows], [r["response"] for r in rows])
-        meta["training"] = {"rows": len(rows), "steps": steps, "seconds": round(time.perf_counter() - start, 1),
+        meta["training"] = {"rows": len(rows), "rows_sha256": rows_sha256(rows), "steps": steps, "seconds": round(time.perf_counter() - start, 1),
                             "final_loss": round(losses.recent(), 4),
                             "train_accuracy": sum(p == r["label"] for p, r in zip(predicted, rows)) / len(rows)}
         return judge
@@ -333,7 +391,7 @@ class EncoderClassifier:
         check_out_folder(folder, Path(source) if source else None)
         head = {"judge_head.weight": self.head.weight.detach().contiguous(),
                 "judge_head.bias": self.head.bias.detach().contiguous()}
-        meta = {"format": FORMAT_VERSION, "kind": "encoder-judge", "labels": list(LABELS), **self.meta}
+        meta = {"format": FORMAT_VERSION, "kind": "encoder-judge", **self.meta, "labels": list(self.labels)}
         if "adapter" in meta:  # the base is found by its name and hash, not by this machine's path
             meta["encoder"] = {k: v for k, v in meta["encoder"].items() if k != "folder"}
         with atomic_folder(folder) as tmp:
@@ -367,9 +425,10 @@ class EncoderClassifier:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise DataError(f"{meta_path}: not valid JSON ({exc}); re-train the judge") from None
-        if not isinstance(meta, dict) or meta.get("kind") != "encoder-judge" or meta.get("labels") != list(LABELS):
+        heads = (list(POLICIES), list(LABELS))
+        if not isinstance(meta, dict) or meta.get("kind") != "encoder-judge" or meta.get("labels") not in heads:
             kind, labels = (meta.get("kind"), meta.get("labels")) if isinstance(meta, dict) else (None, None)
-            raise DataError(f"{meta_path}: a {kind!r} over {labels}, not an encoder judge over {list(LABELS)}")
+            raise DataError(f"{meta_path}: a {kind!r} over {labels}, not an encoder judge over {heads[0]} or {heads[1]}")
         max_len = meta.get("config", {}).get("max_len") if isinstance(meta.get("config"), dict) else None
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 4:
             raise DataError(f"{meta_path}: 'config.max_len' must be a whole number >= 4, got {max_len!r}")
@@ -378,7 +437,7 @@ class EncoderClassifier:
         if max_len > enc.cfg.max_position_embeddings:
             raise DataError(f"{meta_path}: config.max_len {max_len} exceeds the encoder's "
                             f"{enc.cfg.max_position_embeddings} positions")
-        head = nn.Linear(enc.cfg.hidden_size, len(LABELS))
+        head = nn.Linear(enc.cfg.hidden_size, len(meta["labels"]))
         weights = folder / (ADAPTER_FILE if adapter is not None else "model.safetensors")
         if not weights.is_file():
             raise DataError(f"{weights}: missing; the judge folder is incomplete (re-train or re-install it)")

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from meshlm.errors import ConfigError
 from meshlm.safety.judges import register
 from meshlm.safety.judges.base import Flag, Judge, Log
+from meshlm.safety.taxonomy import UNCLEAR
 
 
 @register
@@ -73,6 +74,10 @@ class TrainedJudge(Judge):
         steps = 300 if options.get("steps") is None else options["steps"]
         if steps < 1:
             raise ConfigError(f"--steps must be >= 1, got {steps}")
-        log(f"training a judge on {len(rows)} rows ({steps} steps)")
-        judge = cls.fit(rows, ClassifierConfig(steps=steps), trunk=options.get("trunk"))
+        kept = [row for row in rows if row["label"] != UNCLEAR]  # the head has three classes
+        if len(kept) < len(rows):
+            log(f"left out {len(rows) - len(kept)} rows labelled unclear (degenerate text is labelled before the "
+                "judge's head)")
+        log(f"training a judge on {len(kept)} rows ({steps} steps)")
+        judge = cls.fit(kept, ClassifierConfig(steps=steps), trunk=options.get("trunk"))
         return {"kind": "judge", "out": str(judge.save(out)), **judge.meta["training"]}
