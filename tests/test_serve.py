@@ -220,6 +220,11 @@ def test_admin_requires_the_token(stack):
         assert stack.admin("POST", "/admin/promote", {"name": "tiny"}, token=token).status_code == 401
     status = stack.admin("GET", "/admin/status").json()
     assert status["deployments"]["tiny"]["stable_ref"] == "tiny:v1" and status["audit_head"]["seq"] > 1
+    # the decode packs were made at load and their memory is stated: here and in the server's log
+    pack_bytes = status["loaded"]["tiny:v1"]["pack_bytes"]
+    assert pack_bytes > 0
+    assert f"loaded tiny:v1 on cpu, fp32 decode packs made at load: {pack_bytes / 2**20:.1f} MiB" in \
+        stack.main.log.read_text()
 
 
 def _version_of(client, user: str) -> str:
