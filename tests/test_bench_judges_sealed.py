@@ -38,3 +38,30 @@ def test_bench_writes_accuracy_intervals_and_per_label_precision_recall(tmp_path
     # without the degenerate-text check the loop is no longer unclear
     assert head["labels"]["unclear"]["recall"]["k"] == 0 and head["correct"] == 3
     assert "| given | set.jsonl | rule | 5 | 0.800 [" in out.with_suffix(".md").read_text()
+
+
+def test_bench_reuses_results_of_unchanged_sets_and_pools_their_matrices(tmp_path):
+    """--reuse keeps an earlier (judge, set) result while the set's sha256 is the same, reruns it once the set
+    changed; a pooled figure is the sum of its sets' confusion matrices."""
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps({"prompt": p, "response": r, "label": lab}) + "\n" for p, r, lab in ROWS))
+    second.write_text(json.dumps({"prompt": "q", "response": "I won't help with that.", "label": "refuse"}) + "\n")
+
+    def bench(out: Path, *extra: str) -> dict:
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_judges_sealed.py"), "--judge", "rule",
+                               "--data", str(first), "--data", str(second), "--out", str(out), *extra],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return {r["set"]: r for r in json.loads(out.with_suffix(".json").read_text())["results"]}
+
+    before = bench(tmp_path / "r1")
+    assert before["pooled"]["n"] == 6 and before["pooled"]["correct"] == 5
+    report = json.loads((tmp_path / "r1.json").read_text())
+    for result in report["results"]:
+        if result["set"] == "a.jsonl":
+            result["correct"] = 99  # what a reused result carries, whatever a rerun would give
+    (tmp_path / "r1.json").write_text(json.dumps(report))
+    assert bench(tmp_path / "r2", "--reuse", str(tmp_path / "r1.json"))["a.jsonl"]["correct"] == 99
+    first.write_text(first.read_text().replace('"answer"}', '"refuse"}', 1))  # the set changed: rerun
+    again = bench(tmp_path / "r3", "--reuse", str(tmp_path / "r1.json"))
+    assert again["a.jsonl"]["correct"] == 3 and again["pooled"]["correct"] == 4
