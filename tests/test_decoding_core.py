@@ -118,6 +118,10 @@ def test_callers_refuse_what_they_cannot_honour():
         generate(model, [1, 2], 3, params=SamplingParams(), temperature=0.5)
     with pytest.raises(SamplingError, match="max_tokens"):
         rollout(model, [[1, 2]], SamplingParams())  # a rollout needs a length
+    with pytest.raises(SamplingError, match="logit_bias: token id 97 is outside the vocabulary"):
+        generate(model, [1, 2], params=SamplingParams(max_tokens=3, logit_bias=((97, 1.0),)))
+    with pytest.raises(ConfigError, match="drop the generator"):
+        rollout(model, [[1, 2]], SamplingParams(max_tokens=3, seed=1), generator=torch.Generator())
 
 
 def test_the_engine_makes_its_packs_at_load_and_states_their_memory():

@@ -45,6 +45,7 @@ class SamplingParams:
     model log-prob and the k most likely (the server). ``n`` choices and ``echo`` are the server's.
     """
 
+    # The first eleven fields keep the order meshlm/serve/schemas.py passes a request's values in.
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0

@@ -133,6 +133,8 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], params: Sampling
     steps = _check(params, P, net, fast, weights)
     forward = fast_forward(net, weights) if fast else net
     shared = row_seeds is None and params.seed is None
+    if generator is not None and not shared:
+        raise ConfigError("rollout(): the rows are seeded (row_seeds or params.seed); drop the generator, or the seeds")
     rows = _row_samplers(params, B, net.cfg.vocab_size, device, row_seeds, shared)
     eos = torch.tensor(sorted(set(params.stop_ids)), dtype=torch.long, device=device)
     cache = net.new_cache(B, P + steps, device=device)

@@ -77,8 +77,10 @@ class RowSampler:
             self.generator = torch.Generator(device="cpu").manual_seed(seed if seed is not None else _random_seed())
         self.bias: torch.Tensor | None = None
         if params.logit_bias:
-            self.bias = torch.zeros(vocab_size, device=device)
             ids, values = zip(*params.logit_bias)
+            if max(ids) >= vocab_size:
+                raise SamplingError("logit_bias", f"token id {max(ids)} is outside the vocabulary [0, {vocab_size})")
+            self.bias = torch.zeros(vocab_size, device=device)
             self.bias[list(ids)] = torch.tensor(values, device=device)
         penalised = params.presence_penalty or params.frequency_penalty
         self.counts = torch.zeros(vocab_size, device=device) if penalised else None
