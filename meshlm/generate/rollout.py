@@ -2,9 +2,9 @@
 
 Layout: the prompts are left-padded to the longest, P slots. Slot j of row b holds a real token when j >= pad_b;
 real tokens get their own RoPE positions (slot - pad_b) and the model's ``padding_mask`` hides the pads from
-attention, so each row's logits are the ones it would get alone (tested against the single-sequence sampler in
-sampling.py). Every decode step appends one slot to every row; a row that has emitted one of the eos ids gets
-pad tokens from then on, outside its response mask.
+attention, so each row's logits are the ones it would get alone (tested against ``generate()`` and the plain
+forward, tests/test_decoding_core.py). Every decode step appends one slot to every row; a row that has emitted one
+of its ``stop_ids`` gets pad tokens from then on, outside its response mask.
 
 Layout-independent sampling: with ``row_seeds`` each row draws its uniforms from its own generator (seeded by
 the caller from the row's global sample index) and samples by inverse CDF (the one sampler,
