@@ -27,7 +27,7 @@ def _rows(name: str) -> list[dict]:
 
 
 # ---- rule judge ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", evalsets.names("judge", "dev"))  # the sets the rules were fitted to
+@pytest.mark.parametrize("name", evalsets.rule_fitted_names())  # the sets the rules were fitted to
 def test_rule_judge_accuracy_on_the_labelled_sets(name):
     rows = _rows(name)
     labels = RuleJudge().label([r["prompt"] for r in rows], [r["response"] for r in rows])
@@ -141,7 +141,7 @@ def test_no_shipped_labelled_row_is_degenerate_unless_labelled_unclear():
     it fires exactly on the rows whose writers called them degenerate (relabelled unclear), and on nothing else."""
     from meshlm.safety.degenerate import degenerate
 
-    rows = [r for name in evalsets.names("judge", "dev") for r in _rows(name)]
+    rows = [r for name in evalsets.rule_fitted_names() for r in _rows(name)]
     flagged = [(r["label"], r["response"][:60]) for r in rows if degenerate(r.get("prompt", ""), r["response"])]
     assert len(rows) > 1400 and flagged and all(label == "unclear" for label, _ in flagged), flagged
     assert len(flagged) == sum(r["label"] == "unclear" for r in rows)

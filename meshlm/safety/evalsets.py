@@ -28,6 +28,7 @@ class EvalSet:
     rows: int | None = None
     former: str = ""
     expected: bool = False  # listed before its writers deliver it
+    rule_fitted: bool = True  # a dev judge set the rule judge's rules were fitted to (false: labelled after them)
 
     @property
     def path(self) -> Path:
@@ -49,3 +50,9 @@ def sets(kind: str, role: str | None = None) -> list[EvalSet]:
 
 def names(kind: str, role: str | None = None) -> list[str]:
     return [s.file for s in sets(kind, role)]
+
+
+def rule_fitted_names() -> list[str]:
+    """The dev judge sets the rule judge's rules were fitted to (its regression floor); dev sets labelled after
+    the rules, such as the real small-model responses, train the learned judges but do not bind the rules."""
+    return [s.file for s in sets("judge", "dev") if s.rule_fitted]
