@@ -8,7 +8,9 @@
    batches of ``--batch-size`` rows by the evaluation's generator with fp32 and with int8 weights (a batch shares
    one activation scale per product: the batch effect is in this figure).
 
-    python scripts/bench_int8.py --checkpoint /tmp/runs/smol [--facts] [--json]
+    python scripts/bench_int8.py --checkpoint /tmp/runs/smol [--weights int4] [--facts] [--json]
+
+``--weights int4`` measures the 4-bit weights (meshlm/generate/int4.py) the same way (the "int8" of the labels).
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ def main() -> None:
     ap.add_argument("--facts", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--weights", choices=("int8", "int4"), default="int8", help="the format compared with fp32")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     gen = CheckpointGenerator(args.checkpoint, max_new_tokens=args.tokens)
     model = gen.model
-    fp32, int8 = FastForward(model), FastForward(model, "int8")
+    fp32, int8 = FastForward(model), FastForward(model, args.weights)
     questions = read_questions()
     rows = []
     with torch.inference_mode():
@@ -72,7 +75,7 @@ def main() -> None:
                 if i + 1 < args.tokens:
                     logits = fp32(torch.tensor([[tokens[-1]]]), cache=cache, start_pos=len(prompt) + i)
             rows.append(_steps(model, prompt, tokens, fp32, int8))
-    result = {"checkpoint": args.checkpoint, "prompts": len(rows), "tokens": args.tokens,
+    result = {"checkpoint": args.checkpoint, "weights": args.weights, "prompts": len(rows), "tokens": args.tokens,
               "logits_rel_error_mean": statistics.mean(r[0] for r in rows),
               "first_token_rel_error_mean": statistics.mean(r[3] for r in rows),
               "top1_agreement": statistics.mean(r[1] for r in rows),
@@ -80,7 +83,8 @@ def main() -> None:
               "identical_continuations": sum(r[2] == args.tokens for r in rows)}
     if args.facts:
         for weights in ("fp32", "int8"):
-            generate = checkpoint_generator(args.checkpoint, max_new_tokens=args.max_new_tokens, weights=weights)
+            generate = checkpoint_generator(args.checkpoint, max_new_tokens=args.max_new_tokens,
+                                            weights=args.weights if weights == "int8" else weights)
             report = evaluate_facts(questions, generate, batch_size=args.batch_size)
             result[f"facts_{weights}"] = {**report["accuracy"], "generate_s": report["generate_s"]}
             result[f"_records_{weights}"] = [r["correct"] for r in report["records"]]
@@ -90,7 +94,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{result['prompts']} chat prompts, {args.tokens} tokens: int8 logits relative error "
+    print(f"{result['prompts']} chat prompts, {args.tokens} tokens: {args.weights} logits relative error "
           f"{result['first_token_rel_error_mean']:.3f} at the first token, {result['logits_rel_error_mean']:.3f} "
           f"over the steps, top-1 agreement {result['top1_agreement']:.3f}, identical "
           f"greedy continuations {result['identical_continuations']}/{result['prompts']}, first divergence "

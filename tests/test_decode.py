@@ -140,22 +140,34 @@ def test_models_it_cannot_replace_keep_their_own_forward():
     assert fast_forward(plain) is plain
 
 
-def test_one_sequence_runs_on_one_thread_and_restores_the_count():
+def test_thread_policy_follows_the_measured_table():
+    from meshlm.generate.decode import ONE_THREAD_MAX_ROWS, forward_threads
+
+    cpu = torch.device("cpu")
+    for batch, length in ((1, 1), (64, 1), (1, 32), (1, 512), (16, 32)):  # the measured points: one thread won
+        assert forward_threads(batch, length, cpu, 2) == 1
+    assert forward_threads(1, ONE_THREAD_MAX_ROWS + 1, cpu, 2) == 2  # beyond the table: the process's threads
+    assert forward_threads(32, 32, cpu, 4) == 4
+    assert forward_threads(1, 1, torch.device("cuda"), 8) == 8  # measured on CPU only
+
+
+def test_forwards_run_on_the_policy_threads_and_restore_the_count():
     """Regression (issue 31): a one-sequence prefill ran on the process's threads, the decode steps on one; on the
-    shared 2-core machine the two-thread prefill made the time to first token 1.9 s against 0.3 s."""
-    from meshlm.generate.decode import _one_thread_for_one_sequence
+    shared 2-core machine the two-thread prefill made the time to first token 1.9 s against 0.3 s; a batch of 16
+    decoded on two threads at 0.32-0.35x transformers (one thread: docs/benchmarks.md "Threads per forward")."""
+    from meshlm.generate.decode import ONE_THREAD_MAX_ROWS, _forward_threads
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with _one_thread_for_one_sequence(1, 32, torch.device("cpu")):
+        with _forward_threads(1, 32, torch.device("cpu")):
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        with _one_thread_for_one_sequence(4, 1, torch.device("cpu")):  # a batch: the process's threads
+        with _forward_threads(16, 1, torch.device("cpu")):  # a batch's decode step: one thread too
+            assert torch.get_num_threads() == 1
+        with _forward_threads(1, ONE_THREAD_MAX_ROWS + 1, torch.device("cpu")):  # beyond the measured rows
             assert torch.get_num_threads() == 2
-        with _one_thread_for_one_sequence(1, 129, torch.device("cpu")):  # beyond the measured 8-128 tokens
-            assert torch.get_num_threads() == 2
-        with pytest.raises(RuntimeError, match="boom"), _one_thread_for_one_sequence(1, 32, torch.device("cpu")):
+        with pytest.raises(RuntimeError, match="boom"), _forward_threads(1, 32, torch.device("cpu")):
             raise RuntimeError("boom")
         assert torch.get_num_threads() == 2
         model = tiny()
@@ -165,7 +177,7 @@ def test_one_sequence_runs_on_one_thread_and_restores_the_count():
         net._forward = lambda *a: seen.append((a[0].shape, torch.get_num_threads())) or forward(*a)
         with torch.inference_mode():
             net(torch.randint(0, model.cfg.vocab_size, (1, 8)), cache=model.new_cache(1, 9))  # a prefill
-            net(torch.randint(0, model.cfg.vocab_size, (3, 8)), cache=model.new_cache(3, 9))
-        assert seen == [((1, 8), 1), ((3, 8), 2)] and torch.get_num_threads() == 2
+            net(torch.randint(0, model.cfg.vocab_size, (3, 8)), cache=model.new_cache(3, 9))  # a batch's
+        assert seen == [((1, 8), 1), ((3, 8), 1)] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -110,3 +110,31 @@ def test_a_step_time_lost_in_the_noise_is_not_reported_negative():
     assert math.isnan(noisy["ms_per_step"]) and math.isnan(noisy["decode_tokens_per_s"])
     clean = _figures({"full_s": 0.5, "first_token_s": 0.1}, batch=2, new_tokens=5)
     assert clean["ms_per_step"] == pytest.approx(100.0) and clean["decode_tokens_per_s"] == pytest.approx(20.0)
+
+
+def test_speculative_and_int4_runs_report_their_figures_and_match_where_exact(run, capfd):
+    code, out = bench(["--checkpoint", str(run), "--prompt-len", "6", "--new-tokens", "9", "--speculative", "ngram",
+                       "--compare-hf", "--json"], capfd)
+    r = json.loads(out)
+    assert code == 0 and r["speculative"] == "ngram" and r["hf_identical"] is True  # greedy tokens unchanged
+    assert 1 <= r["speculative_forwards"] <= 8 and 0 <= r["speculative_accepted"] <= r["speculative_drafted"]
+    code, out = bench(["--checkpoint", str(run), "--prompt-len", "6", "--new-tokens", "3", "--weights", "int4",
+                       "--json"], capfd)
+    r = json.loads(out)
+    assert code == 0 and r["weights"] == "int4" and r["speculative"] is None
+    assert 0 < r["weight_bytes"] < 4 * r["params"] / 4  # half a byte a weight + a bf16 scale and zero per 32
+    code, out = bench(["--checkpoint", str(run), "--batch", "2", "--speculative", "ngram"], capfd)
+    assert code == 2
+
+
+def test_the_int4_pack_counts_half_a_byte_an_entry_and_its_group_scales():
+    from meshlm.generate.int4 import GROUP_SIZE, Int4Matrix
+
+    cfg = dataclasses.replace(flavor_config("debug"), dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64,
+                              vocab_size=96, max_seq_len=32)
+    model = build_model(cfg, "cpu", seed=0).eval()
+    int4 = packed_weights(model, 1, "int4")
+    matrices = [int4.head] + [m for layer in int4.layers for m in (*layer.wqkv, layer.wo, *layer.w13, layer.w2)]
+    assert all(isinstance(m, Int4Matrix) for m in matrices)  # 96 = 6 x 16 vocabulary rows: the head too
+    assert pack_bytes(int4, model) == sum(m.shape[0] * m.shape[1] // 2 + 4 * m.shape[1] * m.shape[0] // GROUP_SIZE
+                                          for m in matrices)

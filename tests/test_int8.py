@@ -127,7 +127,7 @@ def test_the_int8_pack_is_made_once_and_follows_updates():
 def test_refusals_name_the_key():
     model = tiny()
     with pytest.raises(ConfigError, match="--weights must be one of"):
-        check_weight_format("int4", "cpu", torch.float32)
+        check_weight_format("int3", "cpu", torch.float32)
     with pytest.raises(ConfigError, match="CPU only"):
         check_weight_format("int8", "cuda", torch.float32)
     with pytest.raises(ConfigError, match="fp32 model"):
@@ -146,10 +146,10 @@ def test_refusals_name_the_key():
 def test_the_cli_refuses_an_unknown_weight_format_before_loading_anything():
     for command in (["generate", "--checkpoint", "nowhere", "--prompt", "x"],
                     ["bench", "generate", "--checkpoint", "nowhere"]):
-        r = subprocess.run([sys.executable, "-m", "meshlm", *command, "--weights", "int4"], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "meshlm", *command, "--weights", "int3"], capture_output=True,
                            text=True)
         assert r.returncode == 2
-        assert "--weights" in r.stderr and "int4" in r.stderr and "Traceback" not in r.stderr
+        assert "--weights" in r.stderr and "int3" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "meshlm", "bench", "generate", "--checkpoint", "nowhere", "--plain",
                         "--weights", "int8"], capture_output=True, text=True)
     assert r.returncode == 2 and "--plain" in r.stderr and "Traceback" not in r.stderr

@@ -47,9 +47,12 @@ def _register_generate(bsub) -> None:
     g.add_argument("--repeats", type=int, default=3, help="timed runs (the median is reported)")
     g.add_argument("--warmup", type=int, default=1)
     g.add_argument("--plain", action="store_true", help="the model's plain forward instead of the fast decode path")
-    g.add_argument("--weights", default="fp32", choices=("fp32", "int8"),
+    g.add_argument("--weights", default="fp32", choices=("fp32", "int8", "int4"),
                    help="int8: decode steps on int8 copies of the weights (CPU; faster, not the same logits; "
-                        "docs/model.md, 'int8 decode weights')")
+                        "docs/model.md, 'int8 decode weights'); int4: 4-bit copies (CPU, "
+                        "faster still, further from fp32; 'Speed levers')")
+    g.add_argument("--speculative", choices=("ngram",), default=None,
+                   help="ngram: prompt-lookup drafts verified in one forward (batch 1, fp32; the same greedy tokens)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate on the same weights; report the ratio and whether the "
@@ -105,6 +108,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if min(args.batch, args.prompt_len, args.new_tokens, args.repeats) < 1 or args.warmup < 0:
         raise ConfigError("--batch, --prompt-len, --new-tokens and --repeats must be at least 1, --warmup at least 0")
+    if args.speculative and (args.batch != 1 or args.weights != "fp32"):
+        raise ConfigError(f"--speculative {args.speculative} decodes one greedy fp32 sequence: use --batch 1 and "
+                          "--weights fp32, or drop --speculative")
     if args.plain and args.weights != "fp32":
         raise ConfigError(f"--plain runs the model's own fp32 forward; --weights {args.weights} needs the fast path: "
                           "drop one of them")
@@ -118,7 +124,7 @@ def run_generate(args: argparse.Namespace) -> int:
                               "pass a policy checkpoint")
     r = bench_generate(model, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                        repeats=args.repeats, warmup=args.warmup, compare_hf=args.compare_hf, fast=not args.plain,
-                       device=device, weights=args.weights)
+                       device=device, weights=args.weights, speculative=args.speculative)
     r["checkpoint"] = str(ckpt)
     if args.json:
         emit(r)
@@ -135,6 +141,9 @@ def run_generate(args: argparse.Namespace) -> int:
               f"{1e3 * r['hf_time_to_first_token_s']:.1f} ms, {r['hf_ms_per_step']:.1f} ms per step; meshlm/HF end to "
               f"end = {r['ratio_to_hf']:.2f}, first token {r['ttft_to_hf']:.2f}x HF's; greedy tokens identical: "
               f"{r['hf_identical']} ({r['hf_identical_rows']}/{r['batch']} rows)")
+    if args.speculative:
+        print(f"  speculative {args.speculative}: {r['speculative_accepted']}/{r['speculative_drafted']} drafted "
+              f"tokens accepted, {r['speculative_forwards']} forwards for {r['new_tokens']} tokens")
     print(f"  fast-path packs: {r['pack_bytes'] / 1e6:.0f} MB beside the weights, made once in "
           f"{r['pack_build_s']:.2f} s; load average {r['load_average_start']:.1f} -> {r['load_average_end']:.1f}")
     return 0

@@ -35,9 +35,14 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--weights", default="fp32", choices=("fp32", "int8"),
+    p.add_argument("--weights", default="fp32", choices=("fp32", "int8", "int4"),
                    help="int8: decode steps on int8 copies of the weights (CPU; faster, not the same logits; "
-                        "docs/model.md, 'int8 decode weights')")
+                        "docs/model.md, 'int8 decode weights'); int4: 4-bit copies (CPU, "
+                        "faster still, further from fp32; 'Speed levers')")
+    p.add_argument("--speculative", choices=("ngram",), default=None,
+                   help="ngram: with --greedy, draft tokens from the prompt and output so far and verify them in one "
+                        "forward (the same tokens; faster where the reply repeats the prompt; docs/model.md, "
+                        "'Speed levers')")
     p.add_argument("--json", action="store_true", help="print {text, ids, ...} per sample as JSON lines")
     p.set_defaults(handler=run)
 
@@ -100,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise ConfigError("--max-new-tokens and --num-samples must be at least 1")
+    if args.speculative and (not args.greedy or args.weights != "fp32"):
+        raise ConfigError(f"--speculative {args.speculative} verifies greedy fp32 choices: add --greedy and keep "
+                          "--weights fp32, or drop --speculative")
     messages = chat_messages(args)
     model, cfg, _, ckpt = model_from_checkpoint(args.checkpoint, args.device, generates=True)
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")
@@ -123,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.num_samples):
         new = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, greedy=args.greedy, eos_id=eos_ids, seed=args.seed + i,
-                       device=args.device, vocab_limit=tokenizer.vocab_size, weights=args.weights)
+                       device=args.device, vocab_limit=tokenizer.vocab_size, weights=args.weights,
+                       speculative=args.speculative)
         ids = prompt + new
         stopped = bool(new) and new[-1] in eos_ids
         reply = tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=True).strip()

@@ -30,9 +30,10 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice); 1 is fastest for small models on a "
                         "busy machine")
-    p.add_argument("--weights", default="fp32", choices=("fp32", "int8"),
+    p.add_argument("--weights", default="fp32", choices=("fp32", "int8", "int4"),
                    help="int8: decode steps on int8 copies of every local model's weights (CPU; faster, not the "
-                        "same logits; docs/model.md, 'int8 decode weights')")
+                        "same logits; docs/model.md, 'int8 decode weights'); int4: 4-bit copies (CPU, "
+                        "faster still, further from fp32; 'Speed levers')")
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together per model (default 16)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting per model before new ones get 429 (default 64)")

@@ -27,9 +27,12 @@ from torch import nn
 
 from meshlm.errors import CheckpointError, ConfigError
 from meshlm.generate.decode import FastForward, fast_forward
+from meshlm.generate.int4 import Int4Matrix
+from meshlm.generate.int8 import Int8Matrix
 from meshlm.generate.packed import packed_weights
 from meshlm.generate.params import SamplingParams
 from meshlm.generate.rollout import rollout
+from meshlm.generate.speculative import SpeculativeStats, speculative_greedy
 from meshlm.interop.hf import hf_name
 from meshlm.interop.hf_config import transformers_model
 
@@ -60,12 +63,21 @@ def synthetic_prompts(batch: int, prompt_len: int, vocab: int, seed: int = 0) ->
     return torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
 
 
-def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: torch.device, weights: str = "fp32"
-                  ) -> Callable[[int], torch.Tensor]:
-    """new_tokens -> (B, N) greedy ids from meshlm's rollout sampler."""
+def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: torch.device, weights: str = "fp32",
+                  speculative: SpeculativeStats | None = None) -> Callable[[int], torch.Tensor]:
+    """new_tokens -> (B, N) greedy ids from meshlm's rollout sampler, or (``speculative``: batch 1) from
+    prompt-lookup speculative decoding, its counts of the last run kept in ``speculative``."""
     rows = prompts.tolist()
 
     def run(new_tokens: int) -> torch.Tensor:
+        if speculative is not None:
+            counts, net = SpeculativeStats(), fast_forward(model) if fast else model
+            with torch.inference_mode():
+                cache = model.new_cache(1, len(rows[0]) + new_tokens, device=device)
+                ids = speculative_greedy(net, cache, rows[0], new_tokens, set(), device=device, stats=counts)
+            if new_tokens > 1:  # a full run's counts (a first-token run drafts nothing)
+                vars(speculative).update(vars(counts))
+            return torch.tensor([ids])
         cfg = SamplingParams(max_tokens=new_tokens, temperature=0.0)  # greedy, no stop ids
         return rollout(model, rows, cfg, device=device, fast=fast, weights=weights).response_ids
 
@@ -134,14 +146,23 @@ def time_runners(runners: list[Callable[[int], torch.Tensor]], new_tokens: int, 
 
 def decode_weight_bytes(model: nn.Module, weights: str = "fp32") -> int:
     """Bytes of weights a decode step reads: every parameter once in fp32 (a tied head counts once); with int8
-    weights, each int8 matrix (a byte an entry and an fp32 scale a row) and the fp32 norms (the embedding is
-    only gathered)."""
-    if weights != "int8":
+    weights, each int8 matrix (a byte an entry and an fp32 scale a row), with int4 each int4 matrix (half a byte an
+    entry, a bf16 scale and zero a group; an fp32 fallback matrix at 4 bytes an entry), and the fp32 norms (the
+    embedding is only gathered)."""
+    if weights == "fp32":
         return sum(p.numel() * p.element_size() for p in model.parameters())
-    packed = packed_weights(model, 1, "int8")  # the pack the timed runs use
+    packed = packed_weights(model, 1, weights)  # the pack the timed runs use
     matrices = [packed.head] + [m for layer in packed.layers for m in (*layer.wqkv, layer.wo, *layer.w13, layer.w2)]
     norms = [packed.norm] + [n for layer in packed.layers for n in (layer.attention_norm, layer.ffn_norm)]
-    return sum(m.shape[0] * m.shape[1] + 4 * m.shape[1] for m in matrices) + sum(4 * n.numel() for n in norms)
+    return sum(_matrix_bytes(m) for m in matrices) + sum(4 * n.numel() for n in norms)
+
+
+def _matrix_bytes(m) -> int:
+    if isinstance(m, Int4Matrix):
+        return m.nbytes()
+    if isinstance(m, Int8Matrix):
+        return m.shape[0] * m.shape[1] + 4 * m.shape[1]
+    return 4 * m.shape[0] * m.shape[1]  # fp32 (int4's fallback for a shape its kernel lacks)
 
 
 def _figures(timing: dict[str, Any], batch: int, new_tokens: int) -> dict[str, float]:
@@ -166,17 +187,22 @@ def prepare_packs(model: nn.Module, batch: int, fast: bool, weights: str) -> tup
 
 def bench_generate(model: nn.Module, *, batch: int, prompt_len: int, new_tokens: int, repeats: int = 3,
                    warmup: int = 1, compare_hf: bool = False, fast: bool = True,
-                   device: str | torch.device = "cpu", seed: int = 0, weights: str = "fp32") -> dict[str, Any]:
-    """The figures of the module docstring for ``model`` (a meshlm decoder on ``device``), and HF's beside them."""
+                   device: str | torch.device = "cpu", seed: int = 0, weights: str = "fp32",
+                   speculative: str | None = None) -> dict[str, Any]:
+    """The figures of the module docstring for ``model`` (a meshlm decoder on ``device``), and HF's beside them.
+    ``speculative="ngram"``: batch 1 decoded by meshlm/generate/speculative.py (its draft counts reported)."""
     dev = torch.device(device)
     cfg = model.cfg
+    if speculative is not None and (batch != 1 or weights != "fp32"):
+        raise ConfigError("--speculative decodes one greedy fp32 sequence: use --batch 1 and --weights fp32")
     if prompt_len + new_tokens > cfg.max_seq_len:
         raise ConfigError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} exceed the model's context "
                           f"(model.max_seq_len = {cfg.max_seq_len}); lower one of them")
     prompts = synthetic_prompts(batch, prompt_len, cfg.vocab_size, seed)
     load_start = os.getloadavg()[0]
     pack_extra, pack_s = prepare_packs(model, batch, fast, weights)
-    runners = [meshlm_runner(model, prompts, fast, dev, weights)]
+    stats = SpeculativeStats() if speculative is not None else None
+    runners = [meshlm_runner(model, prompts, fast, dev, weights, stats)]
     if compare_hf:
         runners.append(hf_runner(hf_model_from(model), prompts, dev))
     timings = time_runners(runners, new_tokens, repeats, warmup, dev)
@@ -188,8 +214,11 @@ def bench_generate(model: nn.Module, *, batch: int, prompt_len: int, new_tokens:
         "device": str(dev), "num_threads": torch.get_num_threads(), "dtype": str(next(model.parameters()).dtype),
         "params": model.num_params(), "weight_bytes": weight_bytes, "copy_bytes_per_s": rate,
         "bandwidth_bound_ms_per_step": 1e3 * weight_bytes / rate, "pack_bytes": pack_extra, "pack_build_s": pack_s,
-        "load_average_start": load_start, "load_average_end": os.getloadavg()[0],
+        "load_average_start": load_start, "load_average_end": os.getloadavg()[0], "speculative": speculative,
         **_figures(timings[0], batch, new_tokens)}
+    if stats is not None:  # the counts of the last full run
+        result.update(speculative_forwards=stats.forwards, speculative_drafted=stats.drafted,
+                      speculative_accepted=stats.accepted)
     if compare_hf:
         hf = _figures(timings[1], batch, new_tokens)
         mine, theirs = timings[0]["ids"].cpu(), timings[1]["ids"]

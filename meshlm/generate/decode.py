@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshlm.errors import ConfigError
-from meshlm.generate.int8 import Int8Matrix, check_weight_format
+from meshlm.generate.int8 import check_weight_format
 from meshlm.generate.packed import (PackedLayer, PackedModel, _inner, pack_bytes, pack_variant, packed_weights,
                                     unsupported_reason)
 from meshlm.models.fused import rope_tables
@@ -50,10 +50,11 @@ class FastForward:
         self.cfg = self.model.cfg
         param = next(self.model.parameters())
         check_weight_format(weights, param.device, param.dtype)
-        self.weight_format = weights  # "fp32": the model's own weights; "int8": meshlm/generate/int8.py
+        self.weight_format = weights  # "fp32": the model's own weights; "int8", "int4": generate/int8.py, int4.py
 
     def weights(self, batch: int, decode: bool = True) -> PackedModel:
-        """The pack for ``batch`` rows, repacked only when the parameters changed. int8 serves decode steps only; a
+        """The pack for ``batch`` rows, repacked only when the parameters changed. int8 (and int4) serve decode steps
+        only; a
         prefill runs the fp32 pack: it is compute-bound, so int8 gains little there, and an int8 prefill doubles the
         error of the cache every later step reads (SmolLM2: logits 0.28 off fp32's over the steps against 0.14;
         docs/benchmarks.md "int8 decode weights")."""
@@ -91,8 +92,9 @@ class FastForward:
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, *, cache: list[KVCache], start_pos: int = 0,
                  position_ids: torch.Tensor | None = None,
-                 padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, T) at cache slots start_pos.. -> logits (B, 1, V) of the last one."""
+                 padding_mask: torch.Tensor | None = None, all_positions: bool = False) -> torch.Tensor:
+        """tokens (B, T) at cache slots start_pos.. -> logits (B, 1, V) of the last one, or (B, T, V) of every one
+        with ``all_positions`` (a speculative draft's verification, meshlm/generate/speculative.py)."""
         B, T = tokens.shape
         S = start_pos + T
         if S > self.model.rope_cos.shape[0]:
@@ -101,11 +103,11 @@ class FastForward:
             raise ValueError(f"cache has {len(cache)} layers, model has {len(self.model.layers)}")
         if padding_mask is not None and tuple(padding_mask.shape) != (B, S):
             raise ValueError(f"padding_mask must be (B, S) = {(B, S)}, got {tuple(padding_mask.shape)}")
-        with _one_thread_for_one_sequence(B, T, tokens.device):
-            return self._forward(tokens, cache, start_pos, position_ids, padding_mask)
+        with _forward_threads(B, T, tokens.device):
+            return self._forward(tokens, cache, start_pos, position_ids, padding_mask, all_positions)
 
     def _forward(self, tokens: torch.Tensor, cache: list[KVCache], start_pos: int, position_ids: torch.Tensor | None,
-                 padding_mask: torch.Tensor | None) -> torch.Tensor:
+                 padding_mask: torch.Tensor | None, all_positions: bool = False) -> torch.Tensor:
         B, T = tokens.shape
         S = start_pos + T
         w = self.weights(B * T, decode=T == 1)  # the pack for this many rows: one row (a decode step) or several
@@ -114,8 +116,8 @@ class FastForward:
         x = F.embedding(tokens, w.embedding).view(B * T, -1)  # (B·T, D)
         for layer, layer_cache in zip(w.layers, cache):
             x = self._block(x, layer, w, B, T, cos, sin, layer_cache, start_pos, masks[layer.window])
-        last = x.view(B, T, -1)[:, -1]  # (B, D)
-        return _mm(_rms_norm(last, w.norm, w.norm_eps), w.head)[:, None]  # (B, 1, V)
+        out = x if all_positions else x.view(B, T, -1)[:, -1]  # (B·T | B, D)
+        return _mm(_rms_norm(out, w.norm, w.norm_eps), w.head).view(B, T if all_positions else 1, -1)  # (B, T|1, V)
 
     def _block(self, x: torch.Tensor, layer: PackedLayer, w: PackedModel, B: int, T: int, cos: torch.Tensor,
                sin: torch.Tensor, cache: KVCache, start_pos: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -137,31 +139,42 @@ class FastForward:
         return _addmm(x, F.silu(gate_up[:, :F_]) * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
 
 
-ONE_THREAD_MAX_TOKENS = 128  # the longest one-sequence forward kept on one thread: the measured prompt lengths
+# The thread policy: each forward of (batch x new tokens) rows timed on SmolLM2-135M with 1 and 2 threads
+# alternating (docs/benchmarks.md "Threads per forward"; median ms of 7, the 2-core development machine at load
+# 8-14): decode steps of 1 / 4 / 16 / 64 rows 59 / 157 / 260 / 593 ms on one thread against 505 / 2,531 / 3,447 /
+# 4,783 on two; one-sequence prefills of 8 / 32 / 128 / 512 tokens 339 / 460 / 1,236 / 2,589 against 6,009 / 2,137
+# / 10,098 / 11,200; prefills of 4 and 16 prompts of 32 tokens 1,230 / 3,342 against 10,650 / 27,159. One thread
+# won at every point (3-17x); forwards of more rows than measured keep the process's threads (where more rows
+# per op may pay for them, and where a quiet machine may differ: not measured).
+ONE_THREAD_MAX_ROWS = 512
+
+
+def forward_threads(batch: int, length: int, device: torch.device, threads: int) -> int:
+    """The intra-op threads a forward of ``batch`` x ``length`` new tokens runs on, of the process's ``threads``:
+    one on CPU up to ONE_THREAD_MAX_ROWS rows (the measured table above), else all of them."""
+    if device.type != "cpu" or batch * length > ONE_THREAD_MAX_ROWS:
+        return threads
+    return 1
 
 
 @contextmanager
-def _one_thread_for_one_sequence(batch: int, length: int, device: torch.device) -> Iterator[None]:
-    """A CPU forward of one sequence of up to ONE_THREAD_MAX_TOKENS tokens — a short prompt's prefill and each
-    decode step — runs on one intra-op thread.
+def _forward_threads(batch: int, length: int, device: torch.device) -> Iterator[None]:
+    """Run the forward on :func:`forward_threads`' count, restored after it.
 
-    Its ops are small (one row at a decode step; at prefill, a prompt's worth of rows times matrices of a few
-    hundred columns), and every extra OpenMP thread adds a fork and a barrier per op, which a busy machine turns
-    into waits for a descheduled thread. Measured on SmolLM2-135M (docs/benchmarks.md, "Time to first token"):
-    a 32-token prefill took a median 0.15-0.17 s on one thread and 1.5-6 s on two at load 8 on the 2-core
-    development machine, at every layout and at every prompt length from 8 to 128 tokens; the decode step took
-    43.6 ms on one thread and 48.3 ms on two even on a quiet machine (session 10). The bench's time to first token
-    (prefill + one sample) fell from 1.89 s to 0.16 s with it. Batches, and prefills longer than the measured
-    128 tokens (where more rows per op may pay for the threads), keep the process's threads.
+    Why one thread wins on a shared CPU: a decode step's ops are small (one row, or a batch's few, times matrices
+    of a few hundred columns; ~4,000 ops a step) and a short prefill's hardly larger, and every extra OpenMP thread
+    adds a fork and a barrier per op, which a busy machine turns into waits for a descheduled thread (the
+    measurements above; the bench's time to first token fell from 1.89 s to 0.16 s with it, session 10).
 
     ``torch.set_num_threads`` sets the calling thread's count and the default of threads that start using torch
     meanwhile; it is restored after the forward (a server thread whose first torch call falls inside one keeps
     one thread). Switching back and forth every step measured no slower than not switching."""
     threads = torch.get_num_threads()
-    if batch != 1 or length > ONE_THREAD_MAX_TOKENS or device.type != "cpu" or threads == 1:
+    wanted = forward_threads(batch, length, device, threads)
+    if wanted == threads:
         yield
         return
-    torch.set_num_threads(1)
+    torch.set_num_threads(wanted)
     try:
         yield
     finally:
@@ -182,18 +195,18 @@ def _swapped(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.stride(1) != 1)  # measured on CPU only: CUDA keeps the plain product
 
 
-def _mm(x: torch.Tensor, w: torch.Tensor | Int8Matrix) -> torch.Tensor:
-    """x (N, in) @ w (in, out) -> (N, out), contiguous."""
-    if isinstance(w, Int8Matrix):
+def _mm(x: torch.Tensor, w) -> torch.Tensor:
+    """x (N, in) @ w (in, out) -> (N, out), contiguous; w a tensor or a quantized matrix (int8.py, int4.py)."""
+    if not isinstance(w, torch.Tensor):
         return w(x)
     if _swapped(x, w):
         return torch.mm(w.t(), x.t()).t().contiguous()
     return torch.mm(x, w)
 
 
-def _addmm(residual: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Int8Matrix) -> torch.Tensor:
-    """residual + x @ w, contiguous; the residual add rides in the GEMM (fp32) or follows it (int8)."""
-    if isinstance(w, Int8Matrix):
+def _addmm(residual: torch.Tensor, x: torch.Tensor, w) -> torch.Tensor:
+    """residual + x @ w, contiguous; the residual add rides in the GEMM (fp32) or follows it (quantized)."""
+    if not isinstance(w, torch.Tensor):
         return w(x).add_(residual)
     if _swapped(x, w):
         return torch.addmm(residual.t(), w.t(), x.t()).t().contiguous()
@@ -240,8 +253,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 def fast_forward(model: nn.Module, weights: str = "fp32") -> nn.Module | FastForward:
     """The fast KV-cache forward for ``model`` (last-position logits, module docstring), or ``model`` itself when
-    the fast path does not apply to it. ``weights="int8"`` multiplies int8 copies of the weights
-    (meshlm/generate/int8.py) and needs the fast path: a model it does not apply to is refused."""
+    the fast path does not apply to it. ``weights="int8"`` (``"int4"``) multiplies int8 (4-bit) copies of the weights
+    (meshlm/generate/int8.py, int4.py) and needs the fast path: a model it does not apply to is refused."""
     reason = unsupported_reason(model)
     if reason is not None:
         if weights != "fp32":

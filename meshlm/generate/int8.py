@@ -33,7 +33,7 @@ import torch
 
 from meshlm.errors import ConfigError
 
-WEIGHT_FORMATS = ("fp32", "int8")
+WEIGHT_FORMATS = ("fp32", "int8", "int4")  # int4: meshlm/generate/int4.py
 
 
 def check_weight_format(name: str, device: torch.device | str, dtype: torch.dtype, key: str = "--weights") -> None:
@@ -47,6 +47,17 @@ def check_weight_format(name: str, device: torch.device | str, dtype: torch.dtyp
             raise ConfigError(f"{key} int8 quantises an fp32 model; this one is {dtype}: load it in fp32")
         if "fbgemm" not in torch.backends.quantized.supported_engines:
             raise ConfigError(f"{key} int8 needs torch's FBGEMM engine, which this torch build lacks: use fp32")
+    if name == "int4":
+        from meshlm.generate.int4 import int4_unavailable_reason
+
+        if torch.device(device).type != "cpu":
+            raise ConfigError(f"{key} int4 runs on CPU only (torch's CPU int4 kernel); this model is on {device}: "
+                              "use fp32 there")
+        if dtype != torch.float32:
+            raise ConfigError(f"{key} int4 quantises an fp32 model; this one is {dtype}: load it in fp32")
+        reason = int4_unavailable_reason()
+        if reason is not None:
+            raise ConfigError(f"{key} int4: {reason}; use int8 or fp32")
 
 
 class Int8Matrix:

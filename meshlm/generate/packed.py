@@ -18,7 +18,8 @@ the model's parameter (q/k/v and gate/up as separate products). LoRA updates are
 way).
 
 A third variant, the **int8 pack** (``--weights int8``: decode steps of any batch), holds every matrix as an
-:class:`~meshlm.generate.int8.Int8Matrix` — q/k/v fused (their bias folded in), o, gate/up fused, down, the head.
+:class:`~meshlm.generate.int8.Int8Matrix` — q/k/v fused (their bias folded in), o, gate/up fused, down, the head;
+the **int4 pack** (``--weights int4``) the same matrices as :class:`~meshlm.generate.int4.Int4Matrix`.
 
 A pack is made once and reused while the model's parameters are unchanged: :func:`packed_weights` keeps one of
 each variant per model and rebuilds it when any parameter was modified in place (an optimizer step bumps a
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from meshlm.generate.int4 import Int4Matrix, int4_or_fp32
 from meshlm.generate.int8 import Int8Matrix
 from meshlm.models.families import supports_packed
 from meshlm.models.head import OutputHead
@@ -138,21 +140,23 @@ def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, va
     qkv, gate_up = [_weight(attn.wq), _weight(attn.wk), _weight(attn.wv)], [_weight(ffn.w1), _weight(ffn.w3)]
     common = dict(attention_norm=block.attention_norm.weight.detach(), qk_norm=qk_norm,
                   ffn_norm=block.ffn_norm.weight.detach(), window=window)
-    if variant == "int8":  # fused q/k/v (bias folded in) and gate/up, each one int8 matrix
-        return PackedLayer(wqkv=[Int8Matrix(torch.cat(qkv), bqkv)], bqkv=None, wo=Int8Matrix(_weight(attn.wo)),
-                           w13=[Int8Matrix(torch.cat(gate_up))], w2=Int8Matrix(_weight(ffn.w2)), **common)
+    if variant in QUANTIZED:  # fused q/k/v (bias folded in) and gate/up, each one quantized matrix
+        quantized = QUANTIZED[variant]
+        return PackedLayer(wqkv=[quantized(torch.cat(qkv), bqkv)], bqkv=None, wo=quantized(_weight(attn.wo)),
+                           w13=[quantized(torch.cat(gate_up))], w2=quantized(_weight(ffn.w2)), **common)
     rows = variant == "rows"
     return PackedLayer(wqkv=_matrices(qkv, rows), bqkv=bqkv, wo=_matrices([_weight(attn.wo)], rows)[0],
                        w13=_matrices(gate_up, rows), w2=_weight(ffn.w2).t(), **common)
 
 
-PACK_VARIANTS = ("rows", "views", "int8")
+QUANTIZED = {"int8": Int8Matrix, "int4": int4_or_fp32}  # variant -> (out, in) weight, bias -> a callable matrix
+PACK_VARIANTS = ("rows", "views", *QUANTIZED)
 
 
 @torch.no_grad()
 def pack(model: Transformer, variant: str) -> PackedModel:
-    """``model``'s weights in the row pack, the view pack (see the module docstring) or as int8 matrices
-    (meshlm/generate/int8.py)."""
+    """``model``'s weights in the row pack, the view pack (see the module docstring) or as int8 or int4 matrices
+    (meshlm/generate/int8.py, int4.py)."""
     if variant not in PACK_VARIANTS:
         raise ValueError(f"pack variant must be one of {PACK_VARIANTS}, got {variant!r}")
     model = _inner(model)
@@ -160,7 +164,7 @@ def pack(model: Transformer, variant: str) -> PackedModel:
     layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads, variant)
               for name, block in model.layers.items()]
     out = _weight(model.output)
-    head = Int8Matrix(out) if variant == "int8" else _matrices([out], variant == "rows")[0]
+    head = QUANTIZED[variant](out) if variant in QUANTIZED else _matrices([out], variant == "rows")[0]
     return PackedModel(embedding=model.tok_embeddings.weight.detach(), layers=layers,
                        norm=model.norm.weight.detach(), head=head,
                        norm_eps=cfg.norm_eps, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
@@ -184,9 +188,9 @@ _PACKS: "weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[tuple, PackedModel
 
 def pack_variant(model: nn.Module, batch: int, weights: str = "fp32") -> str:
     """The pack a forward of ``batch`` rows (batch x new tokens) multiplies: the row or the view pack by the rows
-    (fp32), the int8 pack for every batch."""
-    if weights == "int8":
-        return "int8"
+    (fp32), the int8 or int4 pack for every batch."""
+    if weights in QUANTIZED:
+        return weights
     cpu = next(model.parameters()).device.type == "cpu"
     return "rows" if batch <= (ROW_PACK_MAX_BATCH if cpu else OTHER_DEVICE_ROW_PACK_MAX_BATCH) else "views"
 
@@ -221,6 +225,8 @@ def pack_bytes(packed: PackedModel, model: nn.Module) -> int:
         if isinstance(t, Int8Matrix):
             rows, cols = t.shape[1], t.shape[0]  # (out, in) of an (in, out)-shaped matrix
             total += rows * cols + 4 * rows + (0 if t.bias is None else 4 * t.bias.numel())
-        elif t is not None and t.untyped_storage().data_ptr() not in own:
+        elif isinstance(t, Int4Matrix):
+            total += t.nbytes()
+        elif isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in own:  # int4's fp32 fallback: a view
             total += t.numel() * t.element_size()
     return total

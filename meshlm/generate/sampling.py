@@ -265,7 +265,8 @@ _LEGACY = ("temperature", "top_k", "top_p", "greedy", "eos_id", "seed")
 
 def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | None = None, *,
              params: SamplingParams | None = None, device: torch.device | str = "cpu",
-             vocab_limit: int | None = None, fast: bool = True, weights: str = "fp32", **legacy) -> list[int]:
+             vocab_limit: int | None = None, fast: bool = True, weights: str = "fp32", speculative: str | None = None,
+             **legacy) -> list[int]:
     """Continue prompt_ids and return only the new ids, sampled by ``params`` (or by the keyword arguments
     temperature, top_k, top_p, greedy, eos_id (one id or several: ``stop_ids``) and seed (default 0)).
 
@@ -275,6 +276,8 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | No
     so the same call gives the same ids and the global RNG is untouched. ``fast=False`` runs the model's plain
     forward instead of the fast decode path (meshlm/generate/decode.py; the same ids, tested); ``weights``
     "int8" decodes on int8 copies of the weights (meshlm/generate/int8.py: faster on CPU, not the same logits).
+    ``speculative="ngram"`` (greedy, fp32) drafts tokens from the prompt and output and verifies them in one forward
+    (meshlm/generate/speculative.py: the same ids, tested).
     """
     unknown = set(legacy) - set(_LEGACY)
     if unknown:
@@ -284,6 +287,10 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | No
     if params is None:
         params = legacy_params(max_new_tokens, eos_ids=legacy.pop("eos_id", None), **legacy)
     check_offline(params, "generate()")
+    if speculative is not None:
+        from meshlm.generate.speculative import check_speculative
+
+        check_speculative(speculative, params, weights)
     _check_prompt(model, prompt_ids)
     limit = max_new_tokens if max_new_tokens is not None else params.max_tokens
     max_len = min(model.cfg.max_seq_len, len(prompt_ids) + (limit if limit is not None else model.cfg.max_seq_len))
@@ -293,6 +300,12 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | No
     if not fast and weights != "fp32":
         raise ConfigError(f"weights {weights!r} decode on the fast path; fast=False runs the model's own fp32 forward")
     net = fast_forward(model, weights) if fast else model
+    if speculative is not None:
+        from meshlm.generate.speculative import speculative_greedy
+
+        with torch.inference_mode():
+            return speculative_greedy(net, model.new_cache(1, max_len, device=device), prompt_ids, num_new,
+                                      set(params.stop_ids), device=device, vocab_limit=vocab_limit)
     row = RowSampler(params, model.cfg.vocab_size, device)
     stop, out = set(params.stop_ids), []
     with torch.inference_mode():

@@ -1,0 +1,73 @@
+"""Prompt-lookup speculative decoding (meshlm/generate/speculative.py): the n-gram draft, and greedy output
+token-identical to plain greedy on tiny llama and gemma3 models (fast path and plain forward, stop ids, the
+length limit), with drafts actually accepted; refusals name the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshlm.errors import ConfigError
+from meshlm.generate import generate
+from meshlm.generate.decode import fast_forward
+from meshlm.generate.speculative import SpeculativeStats, ngram_draft, speculative_greedy
+from meshlm.models import build_model
+from tests.test_decode import tiny
+from tests.test_flops import tiny_gemma3
+
+# prompts that repeat themselves (as a rewrite does) and one that does not
+PROMPTS = [[5, 17, 3, 42, 8, 5, 17, 3, 42, 8, 5, 17], [9, 4, 11, 2, 7, 30, 12], [20, 21, 22, 20, 21, 22, 20, 21]]
+
+
+def _models():
+    yield "llama", tiny(seed=3)
+    yield "gemma3", build_model(tiny_gemma3(init_std=0.2), "cpu", seed=3).eval()
+
+
+def test_the_draft_follows_the_latest_longest_match():
+    ids = [1, 2, 3, 9, 1, 2, 4, 5, 6, 1, 2]
+    assert ngram_draft(ids, 3) == [4, 5, 6]  # "1 2" last seen before 4 5 6
+    assert ngram_draft([7, 1, 2, 3, 8, 8, 2, 3], 2) == [8, 8]  # the 3-gram "8 2 3" is absent; "2 3" is not
+    assert ngram_draft([1, 2, 3, 4], 4) == []  # no repeated suffix
+    assert ngram_draft(ids, 0) == [] and ngram_draft([1], 4) == []
+    assert ngram_draft([5, 6, 5, 6], 8) == [5, 6]  # the match may run up to the suffix itself
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_greedy_output_is_identical_to_plain_greedy_on_llama_and_gemma3(fast):
+    accepted = {}
+    for family, model in _models():
+        accepted[family] = 0
+        for prompt in PROMPTS:
+            for n in (1, 2, 13, 30):
+                want = generate(model, prompt, n, greedy=True, fast=fast)
+                got = generate(model, prompt, n, greedy=True, fast=fast, speculative="ngram")
+                assert got == want, (family, prompt, n)
+            stats = SpeculativeStats()
+            with torch.inference_mode():
+                net = fast_forward(model) if fast else model
+                out = speculative_greedy(net, model.new_cache(1, len(prompt) + 30), prompt, 30, set(), stats=stats)
+            assert out == want and stats.forwards < 30  # fewer forwards than tokens: drafts were taken
+            accepted[family] += stats.accepted
+    assert all(accepted.values()), accepted  # both families exercised multi-token acceptance
+
+
+def test_stop_ids_and_the_context_limit_end_it_where_plain_greedy_ends():
+    model = tiny(seed=3)
+    prompt = PROMPTS[0]
+    plain = generate(model, prompt, 30, greedy=True)
+    stop = plain[7]  # a token plain greedy emits in the middle
+    assert generate(model, prompt, 30, greedy=True, eos_id=stop, speculative="ngram") == \
+        generate(model, prompt, 30, greedy=True, eos_id=stop)
+    long = list(range(1, 40))  # 39 tokens of a 48-token context
+    assert generate(model, long, 100, greedy=True, speculative="ngram") == generate(model, long, 100, greedy=True)
+
+
+def test_refusals_name_the_argument():
+    model = tiny()
+    with pytest.raises(ConfigError, match="greedy only"):
+        generate(model, [5, 6], 3, temperature=0.7, speculative="ngram")
+    with pytest.raises(ConfigError, match="speculative must be one of"):
+        generate(model, [5, 6], 3, greedy=True, speculative="medusa")
+    with pytest.raises(ConfigError, match="--weights int8"):
+        generate(model, [5, 6], 3, greedy=True, weights="int8", speculative="ngram")
