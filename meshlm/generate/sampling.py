@@ -119,7 +119,10 @@ class RowSampler:
 def filter_logits(logits: torch.Tensor, top_k: int | torch.Tensor = 0, top_p: float | torch.Tensor = 1.0,
                   min_p: float | torch.Tensor = 0.0) -> torch.Tensor:
     """Set to -inf every logit outside the top-k, then outside the top-p nucleus of what is left, then below
-    min-p (module docstring); logits (..., V), each filter a number or one per row (...,). A new tensor."""
+    min-p (module docstring); logits (..., V), each filter a number or one per row (...,). A new tensor. A number
+    out of its range raises :class:`SamplingError` naming it (per-row tensors come from checked params)."""
+    if not any(isinstance(v, torch.Tensor) for v in (top_k, top_p, min_p)):
+        SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p)  # checks the three numbers
     out = logits.clone()
     V = out.shape[-1]
     rows = out.shape[:-1]
@@ -189,6 +192,16 @@ def _changed(logits: torch.Tensor, rows: Sequence[RowSampler], failed: dict[int,
     return out
 
 
+def _tempered(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits / (B,) temperatures, each row shifted by its largest finite logit first (softmax does not
+    change). Unshifted, a small positive temperature (1e-40 is a valid one) overflows fp32 to inf, softmax makes
+    NaN of it and the inverse CDF returns index V, a token outside the vocabulary; shifted, every logit is <= 0
+    and the row becomes the argmax (ties shared). The floor keeps a temperature that fp32 rounds to 0 from 0/0."""
+    top = logits.amax(-1, keepdim=True)  # (B, 1)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return (logits - top) / temps.clamp(min=torch.finfo(logits.dtype).tiny)[:, None]
+
+
 def sample(logits: torch.Tensor, rows: Sequence[RowSampler], *, vocab_limit: int | None = None,
            uniforms: torch.Tensor | None = None, with_logprobs: bool = False) -> Picked:
     """One token per row of (B, V) logits by each row's params (module docstring). ``uniforms`` (B,) replaces the
@@ -207,7 +220,7 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampler], *, vocab_limit: int
         return Picked(tokens, logp, failed)
     device = logits.device
     temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)  # (B,): greedy rows untouched
-    filtered = filter_logits(logits / temps[:, None],
+    filtered = filter_logits(_tempered(logits, temps),
                              torch.tensor([0 if p.greedy else p.top_k for p in params], device=device),
                              torch.tensor([1.0 if p.greedy else p.top_p for p in params], device=device),
                              torch.tensor([0.0 if p.greedy else p.min_p for p in params], device=device))
@@ -272,10 +285,11 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | No
 
     Stops after ``max_new_tokens`` (else ``params.max_tokens``), after emitting one of the stop ids (included),
     or when prompt + output reaches model.max_seq_len. ``vocab_limit`` excludes embedding rows beyond the
-    tokenizer (padded vocabularies). The model must already be on `device`. The row's generator is its own (seeded),
-    so the same call gives the same ids and the global RNG is untouched. ``fast=False`` runs the model's plain
-    forward instead of the fast decode path (meshlm/generate/decode.py; the same ids, tested); ``weights``
-    "int8" decodes on int8 copies of the weights (meshlm/generate/int8.py: faster on CPU, not the same logits).
+    tokenizer (padded vocabularies). The model must already be on `device`. The row's generator is its own, seeded
+    by the seed (``params.seed`` None: a fresh random one), so a seeded call gives the same ids every time and the
+    global RNG is untouched. ``fast=False`` runs the model's plain forward instead of the fast decode path
+    (meshlm/generate/decode.py; the same ids, tested); ``weights`` "int8" decodes on int8 copies of the weights
+    (meshlm/generate/int8.py: faster on CPU, not the same logits).
     ``speculative="ngram"`` (greedy, fp32) drafts tokens from the prompt and output and verifies them in one forward
     (meshlm/generate/speculative.py: the same ids, tested).
     """
