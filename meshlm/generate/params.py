@@ -14,6 +14,7 @@ every value they let through is valid here.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,6 +63,7 @@ class SamplingParams:
     stop_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        self._normalise()
         _integer("max_tokens", self.max_tokens, 0, optional=True)
         _number("temperature", self.temperature, 0.0, None, "0 is greedy decoding")
         _number("top_p", self.top_p, 0.0, 1.0, "1 disables it")
@@ -79,6 +81,23 @@ class SamplingParams:
             _integer("stop_ids", token, 0, hint=" (a token id)")
         if any(not isinstance(s, str) for s in self.stop):
             raise SamplingError("stop", "stop strings must be strings")
+
+    def _normalise(self) -> None:
+        """The sequence fields as tuples (hashable, as the server builds them): one stop string or one stop id
+        alone, lists, and a ``{token id: bias}`` mapping are accepted; a str is one stop string, never its
+        characters (the engine would stop at any of them)."""
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        stop_ids = (self.stop_ids,) if isinstance(self.stop_ids, int) else self.stop_ids
+        bias = tuple(self.logit_bias.items()) if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        for field, value, how in (("stop", stop, "strings"), ("stop_ids", stop_ids, "token ids"),
+                                  ("logit_bias", bias, "(token id, bias) pairs or a {token id: bias} mapping")):
+            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                raise SamplingError(field, f"must be a sequence of {how}, got {value!r}")
+            object.__setattr__(self, field, tuple(value))  # frozen: set once, here
+        for pair in self.logit_bias:
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable) or len(tuple(pair)) != 2:
+                raise SamplingError("logit_bias", f"must hold (token id, bias) pairs, got {pair!r}")
+        object.__setattr__(self, "logit_bias", tuple(tuple(pair) for pair in self.logit_bias))
 
     @property
     def greedy(self) -> bool:
