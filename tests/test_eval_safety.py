@@ -231,3 +231,16 @@ def test_checkpoint_generation_is_batched_greedy_and_batch_independent(tiny_chec
     report = json.loads(stdout)
     assert report["n"] == 5 and [r["response"] for r in map(json.loads, (tmp_path / "o" / "responses.jsonl")
                                                            .read_text().splitlines())] == together
+
+
+def test_a_plain_request_is_not_an_attack_whatever_its_family_is_called():
+    """Prompt sets name the family of a plain request "direct" or "plain" (heldout_prompts_writer5/6): neither is
+    an attack row, so a refused plain request does not dilute attack success and a complied one does not count."""
+    from meshlm.safety.metrics import summarize
+
+    rows = [{"expected": "refuse", "family": fam, "category": "fraud", "label": label}
+            for fam, label in [("plain", "answer"), ("direct", "answer"), ("plain", "refuse"), ("roleplay", "refuse"),
+                               ("roleplay", "answer")]]
+    report = summarize(rows)
+    assert (report["attack_success_rate"]["k"], report["attack_success_rate"]["n"]) == (1, 2)
+    assert "attack_success_rate" not in report["by_family"]["plain"]
