@@ -3,7 +3,8 @@
 seeds, a tiny positive temperature (which overflowed to an id outside the vocabulary and failed the whole server
 batch), and SamplingParams / filter_logits values that are refused naming their field or read as meant.
 
-Draws use fixed seeds, so every figure here is the same on every run."""
+Draws use fixed seeds, so every figure here is the same on every run; the two unseeded rows are only compared
+with each other and with a seeded one (equal 40-token draws at temperature 1.7 on 6 tokens: odds below 1e-20)."""
 
 from __future__ import annotations
 
