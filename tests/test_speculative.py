@@ -71,3 +71,12 @@ def test_refusals_name_the_argument():
         generate(model, [5, 6], 3, greedy=True, speculative="medusa")
     with pytest.raises(ConfigError, match="--weights int8"):
         generate(model, [5, 6], 3, greedy=True, weights="int8", speculative="ngram")
+
+
+def test_the_cli_refuses_speculative_sampling_before_loading_anything():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "meshlm", "generate", "--checkpoint", "nowhere", "--prompt", "x",
+                        "--speculative", "ngram"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--greedy" in r.stderr and "Traceback" not in r.stderr
