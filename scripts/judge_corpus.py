@@ -56,7 +56,8 @@ def run_rows(run: Path) -> list[dict]:
     return rows
 
 
-def sample_rows(checkpoints: dict[str, str], n_prompts: int, temperature: float, seed: int) -> list[dict]:
+def sample_rows(checkpoints: dict[str, str], n_prompts: int, temperature: float, seed: int,
+                weights: str = "fp32") -> list[dict]:
     from meshlm.safety.generation import CheckpointGenerator
 
     # Not the prompts the run's evaluation already answered (heldout_prompts.jsonl shares a few with these files):
@@ -76,12 +77,14 @@ def sample_rows(checkpoints: dict[str, str], n_prompts: int, temperature: float,
     rows = []
     for model, path in checkpoints.items():
         start = time.perf_counter()
-        generate = CheckpointGenerator(path, max_new_tokens=80, greedy=False, temperature=temperature, seed=seed)
+        generate = CheckpointGenerator(path, max_new_tokens=80, greedy=False, temperature=temperature, seed=seed,
+                                       weights=weights)
         texts = []
         for i in range(0, len(picked), 32):
             texts += generate([r["prompt"] for r in picked[i:i + 32]])
         print(f"{model}: {len(picked)} sampled responses in {time.perf_counter() - start:.0f} s", flush=True)
-        rows += [{"prompt": r["prompt"], "response": t, "model": model, "decode": f"sampled T={temperature}",
+        decode = f"sampled T={temperature}" + ("" if weights == "fp32" else f", {weights} weights")
+        rows += [{"prompt": r["prompt"], "response": t, "model": model, "decode": decode,
                   "expected": r["expected"], "category": r.get("category"), "family": r.get("family"),
                   "prompt_set": r["prompt_set"]} for r, t in zip(picked, texts)]
     return rows
@@ -173,13 +176,15 @@ def main() -> None:
     ap.add_argument("--sample", action="append", default=[], help="NAME=CHECKPOINT to sample from (repeatable)")
     ap.add_argument("--prompts", type=int, default=160, help="dev prompts each sampled checkpoint answers")
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--weights", default="fp32", help="decode weights of the sampled responses: fp32 | int8")
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=29)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
     rows = [r for run in args.run for r in run_rows(run)]
-    rows += sample_rows(dict(s.split("=", 1) for s in args.sample), args.prompts, args.temperature, args.seed)
+    rows += sample_rows(dict(s.split("=", 1) for s in args.sample), args.prompts, args.temperature, args.seed,
+                        args.weights)
     sealed = sealed_prompts()  # a few dev prompts are also in a sealed set: their responses stay out
     dropped = [r for r in rows if r["prompt"].strip() in sealed]
     rows = [r for r in rows if r["prompt"].strip() not in sealed]
