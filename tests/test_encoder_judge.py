@@ -399,7 +399,7 @@ def test_encoder_judge_without_a_folder_is_the_shipped_adapter_judge():
     with safe_open(str(SHIPPED / ADAPTER_FILE), "pt") as f:
         names = set(f.keys()) - {"judge_head.weight", "judge_head.bias"}
         _load_adapter(encoder, meta["adapter"], f, names, SHIPPED / ADAPTER_FILE)
-        assert tuple(f.get_tensor("judge_head.weight").shape) == (3, encoder.cfg.hidden_size)
+        assert tuple(f.get_tensor("judge_head.weight").shape) == (len(meta["labels"]), encoder.cfg.hidden_size)
     assert all(not torch.equal(encoder.state_dict()[n], t) for n, t in before.items())  # the adapters merged
 
 
@@ -426,3 +426,22 @@ def test_a_judge_starts_from_a_saved_adapter_judge(tmp_path, tiny_encoder):
                                 init_from=first)
     with pytest.raises(UserError, match="give --adapter-rank"):
         EncoderClassifier.train(rows, tiny_encoder, EncoderJudgeConfig(batch_size=8, max_len=32), init_from=first)
+
+
+def test_the_shipped_judge_pins_its_training_inputs():
+    """The shipped judge's judge.json names every training source with its sha256 and the judge it started
+    from; the sources are the files in the repository now (a changed training set means re-training the judge,
+    or saying so here)."""
+    import hashlib
+
+    from meshlm.safety.encoder_judge import SHIPPED
+
+    meta = json.loads((SHIPPED / "judge.json").read_text())
+    sources = meta["training"]["sources"]
+    root = Path(__file__).resolve().parents[1]
+    assert sources and all(len(s["sha256"]) == 64 for s in sources)
+    for source in sources:
+        assert hashlib.sha256((root / source["source"]).read_bytes()).hexdigest() == source["sha256"], source
+    assert not {s["file"] for s in sources} & set(TEST_SETS)  # never a sealed set
+    assert len(meta["training"]["rows_sha256"]) == 64 and len(meta["init_from"]["adapter_sha256"]) == 64
+    assert meta["labels"] == ["refuse", "warn", "answer", "unclear"] and "--classes 4" in meta["trained_by"]
