@@ -3,7 +3,7 @@
 A judge labels (prompt, response) pairs with a label of taxonomy.py. :meth:`Judge.label` first labels
 degenerate text ``unclear`` (degenerate.py: empty, symbols, a loop, an echo of the prompt) — the same check for
 every judge, so that a loop is never a refusal whichever judge reads it — and hands the rest to the judge's own
-:meth:`Judge.classify`. A 3-way classifier head (the encoder and trained judges) thus never sees degenerate text;
+:meth:`Judge.classify`. A classifier head (the encoder and trained judges) thus never sees degenerate text;
 text unrelated to the request is left to the judge itself.
 
 A plug-in is a subclass with a ``kind`` (its registry name, the NAME of ``--judge NAME[:ARG]``), what its ARG
