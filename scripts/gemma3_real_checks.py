@@ -33,11 +33,14 @@ def load() -> list[str]:
 
 
 def meshlm(*args: str, timeout: float = 1800) -> dict:
-    """Run ``meshlm ARGS --json`` and parse its last JSON line (exit code checked)."""
+    """Run ``meshlm ARGS --json`` and parse its document (or, for ``generate``, its last line); exit code checked."""
     done = subprocess.run([*MESHLM, *args, "--json"], capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"meshlm {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(done.stdout)  # one document (indented)
+    except json.JSONDecodeError:
+        return json.loads(done.stdout.strip().splitlines()[-1])  # generate: one object per line
 
 
 def transformers_model(gguf: Path):
