@@ -106,8 +106,8 @@ def test_int8_needs_the_packed_path_and_names_the_key(model):
 
     gen = CheckpointGenerator(model, max_new_tokens=4)
     assert gen.using("int8", "generation.weights").weights == "int8" and gen.weights == "fp32"  # a view
-    with pytest.raises(ConfigError, match="generation.weights must be one of fp32, int8"):
-        gen.using("int4", "generation.weights")
+    with pytest.raises(ConfigError, match="generation.weights must be one of fp32, int8, int4, got 'int3'"):
+        gen.using("int3", "generation.weights")
     gen.model.half()  # a model the packed int8 path cannot take
     with pytest.raises(ConfigError, match="generation.weights int8 quantises an fp32 model"):
         gen.using("int8", "generation.weights")
