@@ -181,7 +181,7 @@ def _forward_threads(batch: int, length: int, device: torch.device) -> Iterator[
         torch.set_num_threads(threads)
 
 
-SWAP_MAX_ROWS = 32  # decode steps of up to this many rows multiply operands-swapped (_swapped)
+SWAP_MAX_ROWS = 8  # decode steps of up to this many rows multiply operands-swapped (_swapped)
 
 
 def _swapped(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -190,7 +190,11 @@ def _swapped(x: torch.Tensor, w: torch.Tensor) -> bool:
     columns — on the development machine's MKL, 1.3–4× faster from 2 to 32 rows than x times the transposed
     view or than an (in, out) copy, for every decode matrix of SmolLM2 and its 49k-row head (docs/benchmarks.md
     "Decoding"); for one row, ``x @ w`` is as fast or faster, and from ~64 rows (a prefill) the plain product wins
-    back (batch-8 prefill of 32-token prompts: 528 ms plain, 661 ms swapped)."""
+    back (batch-8 prefill of 32-token prompts: 528 ms plain, 661 ms swapped). Those were two-thread figures; now
+    that every decode step of up to 512 rows runs on one thread (:func:`forward_threads`), whole SmolLM2 steps on
+    one thread measured swapped / plain 71.5 / 155.8 ms at 2 rows, 86.6 / 146.5 at 4, 166.6 / 162.5 at 8, 252.9 /
+    234.0 at 16 and 379.4 / 347.3 at 32 (load 9-11, 5 rounds alternating; docs/benchmarks.md "Speed levers"),
+    hence up to 8 rows."""
     return (x.device.type == "cpu" and 1 < x.shape[0] <= SWAP_MAX_ROWS and w.dim() == 2 and w.stride(0) == 1
             and w.stride(1) != 1)  # measured on CPU only: CUDA keeps the plain product
 
