@@ -103,3 +103,20 @@ def test_refusals_name_the_key():
         check_weight_format("int4", "cpu", torch.bfloat16)
     with pytest.raises(ConfigError, match="needs meshlm's packed decode path"):
         fast_forward(torch.nn.Linear(2, 2), "int4")
+
+
+def test_the_server_engine_decodes_on_the_int4_pack():
+    from meshlm.serve.engine import BatchEngine
+    from meshlm.serve.protocol import Sampling
+    from tests.test_serve_engine import DigitTokenizer, _collect
+
+    model = tiny()
+    prompt = [5, 17, 3, 42]
+    want = generate(model, prompt, 5, greedy=True, weights="int4")
+    engine = BatchEngine(model, DigitTokenizer(), max_batch=4, weights="int4")
+    try:
+        seq, done = _collect(engine, prompt, 5, Sampling(temperature=0.0))
+        assert done.wait(60)
+        assert engine._forward().weight_format == "int4" and seq.generated == want  # one row a step in both
+    finally:
+        engine.close()
