@@ -5,6 +5,8 @@ follows in-place updates; models it cannot stand in for get their own forward.""
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 
 import pytest
@@ -141,29 +143,47 @@ def test_models_it_cannot_replace_keep_their_own_forward():
 
 
 def test_thread_policy_follows_the_measured_table():
-    from meshlm.generate.decode import ONE_THREAD_MAX_ROWS, forward_threads
+    from meshlm.generate.decode import ONE_SEQUENCE_MAX_TOKENS, ONE_THREAD_MAX_ROWS, forward_threads
 
     cpu = torch.device("cpu")
-    for batch, length in ((1, 1), (64, 1), (1, 32), (1, 512), (16, 32)):  # the measured points: one thread won
-        assert forward_threads(batch, length, cpu, 2) == 1
-    assert forward_threads(1, ONE_THREAD_MAX_ROWS + 1, cpu, 2) == 2  # beyond the table: the process's threads
-    assert forward_threads(32, 32, cpu, 4) == 4
+    for batch, length in ((1, 1), (64, 1), (1, 32), (1, 512), (16, 32)):  # measured on an oversubscribed CPU
+        assert forward_threads(batch, length, cpu, 2, oversubscribed=True) == 1
+    for length in (1, 32, ONE_SEQUENCE_MAX_TOKENS):  # one short sequence: one thread on a quiet machine too
+        assert forward_threads(1, length, cpu, 4, oversubscribed=False) == 1
+    # a quiet machine's batches and long prompts keep the process's threads (not measured there: the user's choice)
+    assert forward_threads(16, 1, cpu, 4, oversubscribed=False) == 4
+    assert forward_threads(1, ONE_SEQUENCE_MAX_TOKENS + 1, cpu, 4, oversubscribed=False) == 4
+    assert forward_threads(1, ONE_THREAD_MAX_ROWS + 1, cpu, 2, oversubscribed=True) == 2  # beyond the table
+    assert forward_threads(32, 32, cpu, 4, oversubscribed=True) == 4
     assert forward_threads(1, 1, torch.device("cuda"), 8) == 8  # measured on CPU only
 
 
-def test_forwards_run_on_the_policy_threads_and_restore_the_count():
+def test_oversubscription_is_read_from_the_load_average(monkeypatch):
+    import meshlm.generate.decode as decode
+
+    cores = len(os.sched_getaffinity(0))
+    for load, expected in ((cores + 0.5, True), (max(cores - 0.5, 0.0), False)):
+        monkeypatch.setattr(decode.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        monkeypatch.setattr(decode, "_load_seen", [float("-inf"), 0.0])
+        assert decode.cpu_oversubscribed() is expected
+        assert decode.forward_threads(16, 1, torch.device("cpu"), 2) == (1 if expected else 2)
+
+
+def test_forwards_run_on_the_policy_threads_and_restore_the_count(monkeypatch):
     """Regression (issue 31): a one-sequence prefill ran on the process's threads, the decode steps on one; on the
     shared 2-core machine the two-thread prefill made the time to first token 1.9 s against 0.3 s; a batch of 16
     decoded on two threads at 0.32-0.35x transformers (one thread: docs/benchmarks.md "Threads per forward")."""
+    import meshlm.generate.decode as decode
     from meshlm.generate.decode import ONE_THREAD_MAX_ROWS, _forward_threads
 
+    monkeypatch.setattr(decode, "cpu_oversubscribed", lambda: True)  # the shared machine the table was measured on
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         with _forward_threads(1, 32, torch.device("cpu")):
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        with _forward_threads(16, 1, torch.device("cpu")):  # a batch's decode step: one thread too
+        with _forward_threads(16, 1, torch.device("cpu")):  # a batch's decode step: one thread when oversubscribed
             assert torch.get_num_threads() == 1
         with _forward_threads(1, ONE_THREAD_MAX_ROWS + 1, torch.device("cpu")):  # beyond the measured rows
             assert torch.get_num_threads() == 2

@@ -19,6 +19,9 @@ pipelined models, reward heads, LoRA dropout in training mode; see packed.py); c
 
 from __future__ import annotations
 
+import os
+import time
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -139,22 +142,49 @@ class FastForward:
         return _addmm(x, F.silu(gate_up[:, :F_]) * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
 
 
-# The thread policy: each forward of (batch x new tokens) rows timed on SmolLM2-135M with 1 and 2 threads
-# alternating (docs/benchmarks.md "Threads per forward"; median ms of 7, the 2-core development machine at load
-# 8-14): decode steps of 1 / 4 / 16 / 64 rows 59 / 157 / 260 / 593 ms on one thread against 505 / 2,531 / 3,447 /
-# 4,783 on two; one-sequence prefills of 8 / 32 / 128 / 512 tokens 339 / 460 / 1,236 / 2,589 against 6,009 / 2,137
-# / 10,098 / 11,200; prefills of 4 and 16 prompts of 32 tokens 1,230 / 3,342 against 10,650 / 27,159. One thread
-# won at every point (3-17x); forwards of more rows than measured keep the process's threads (where more rows
-# per op may pay for them, and where a quiet machine may differ: not measured).
+# The thread policy. Measured on SmolLM2-135M with 1 and 2 threads alternating (docs/benchmarks.md "Threads per
+# forward"; median ms of 7, the 2-core development machine at load 8-14, i.e. oversubscribed): decode steps of
+# 1 / 4 / 16 / 64 rows 59 / 157 / 260 / 593 ms on one thread against 505 / 2,531 / 3,447 / 4,783 on two;
+# one-sequence prefills of 8 / 32 / 128 / 512 tokens 339 / 460 / 1,236 / 2,589 against 6,009 / 2,137 / 10,098 /
+# 11,200; prefills of 4 and 16 prompts of 32 tokens 1,230 / 3,342 against 10,650 / 27,159: one thread won at every
+# point (3-17x) while other processes held the cores. On a quiet machine only one sequence was measured (session
+# 10: a batch-1 decode step 43.6 ms on one thread, 48.3 on two). So: one sequence of up to ONE_SEQUENCE_MAX_TOKENS
+# always runs on one thread; up to ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed
+# (the 1-minute load average at least the cores this process may use); anything else keeps the process's threads
+# (a quiet machine with more cores than this one has not been measured: its threads are the user's choice).
+ONE_SEQUENCE_MAX_TOKENS = 128
 ONE_THREAD_MAX_ROWS = 512
+_LOAD_EVERY_S = 1.0
+_load_seen: list[float] = [float("-inf"), 0.0]  # [when read, oversubscribed?] — /proc/loadavg read at most 1/s
 
 
-def forward_threads(batch: int, length: int, device: torch.device, threads: int) -> int:
-    """The intra-op threads a forward of ``batch`` x ``length`` new tokens runs on, of the process's ``threads``:
-    one on CPU up to ONE_THREAD_MAX_ROWS rows (the measured table above), else all of them."""
-    if device.type != "cpu" or batch * length > ONE_THREAD_MAX_ROWS:
+def cpu_oversubscribed() -> bool:
+    """Whether runnable work exceeds the cores this process may use (1-minute load average >= cores)."""
+    now = time.monotonic()
+    if now - _load_seen[0] >= _LOAD_EVERY_S:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # no load average on this platform
+            load = 0.0
+        _load_seen[:] = [now, float(load >= cores)]
+    return bool(_load_seen[1])
+
+
+def forward_threads(batch: int, length: int, device: torch.device, threads: int,
+                    oversubscribed: bool | None = None) -> int:
+    """The intra-op threads a forward of ``batch`` x ``length`` new tokens runs on, of the process's ``threads``
+    (the rule above; ``oversubscribed`` None: read from the machine's load)."""
+    if device.type != "cpu" or threads == 1:
         return threads
-    return 1
+    if batch == 1 and length <= ONE_SEQUENCE_MAX_TOKENS:
+        return 1
+    if batch * length <= ONE_THREAD_MAX_ROWS and (cpu_oversubscribed() if oversubscribed is None else oversubscribed):
+        return 1
+    return threads
 
 
 @contextmanager
