@@ -191,6 +191,10 @@ def test_cli_against_an_http_endpoint(tmp_path, capfd):
         records = [json.loads(line) for line in (out / "responses.jsonl").read_text().splitlines()]
         assert [r["response"] for r in records] == [r[-1] for r in ROWS]
         assert {r["body"]["temperature"] for r in server.requests} == {0.0}  # greedy by default
+        # new tokens are the API's usage.completion_tokens (this server says 0), counted, not guessed
+        gen = report["generation"]
+        assert gen["prompts"] == len(ROWS) and gen["new_tokens"] == 0 and gen["seconds"] > 0
+        assert "generation: 12 prompts" in (out / "report.md").read_text()
         code, stdout, err = _cli(capfd, "eval", "safety", "--endpoint", server.base_url, "--model", "toy",
                                  "--prompts", str(prompts), "--out", str(out), "--gate",
                                  "refusal_rate>=0.95,false_refusal_rate<=0.05")
@@ -231,6 +235,34 @@ def test_checkpoint_generation_is_batched_greedy_and_batch_independent(tiny_chec
     report = json.loads(stdout)
     assert report["n"] == 5 and [r["response"] for r in map(json.loads, (tmp_path / "o" / "responses.jsonl")
                                                            .read_text().splitlines())] == together
+    # the generation block counts the response tokens the rollout decoded (stop ids excluded)
+    gen = report["generation"]
+    assert gen["new_tokens"] == counted_new_tokens(generate, prompts) > 0
+    assert gen["prompts"] == 5 and gen["calls"] == 2 and gen["seconds"] > 0
+    assert gen["tokens_per_s"] > 0  # new_tokens / seconds (before seconds is rounded): generation_stats' test
+    assert generate.stats()["prompts"] == 10 and generate.stats()["new_tokens"] == 2 * gen["new_tokens"]
+
+
+def test_generation_block_counts_and_says_null_where_a_generator_cannot_count():
+    from meshlm.safety.generation import Measured, generation_stats
+
+    assert generation_stats(2.0, 3, 10, 1) == {"seconds": 2.0, "calls": 1, "prompts": 3, "new_tokens": 10,
+                                               "tokens_per_s": 5.0}
+    plain = Measured(lambda prompts: ["ok"] * len(prompts))  # no stats(): prompts counted, tokens not guessed
+    assert plain(["a", "b"]) == ["ok", "ok"] and plain(["c"]) == ["ok"]
+    assert {k: plain.stats()[k] for k in ("calls", "prompts", "new_tokens", "tokens_per_s")} == {
+        "calls": 2, "prompts": 3, "new_tokens": None, "tokens_per_s": None}
+
+
+def counted_new_tokens(generator, prompts: list[str]) -> int:
+    """The response tokens of ``prompts`` counted from the rollout itself, without the generator's counter."""
+    from meshlm.generate.rollout import rollout
+
+    result = rollout(generator.model, [generator.prompt_ids(p) for p in prompts], generator.sampling,
+                     pad_id=generator.pad_id, vocab_limit=generator.tokenizer.vocab_size, device="cpu")
+    stop = set(generator.sampling.stop_ids)
+    return sum(t not in stop for ids, mask in zip(result.response_ids, result.response_mask)
+               for t in ids[mask].tolist())
 
 
 def test_a_plain_request_is_not_an_attack_whatever_its_family_is_called():

@@ -236,4 +236,24 @@ def test_cli_defaults_to_the_spec_and_runs_the_attacker(tmp_path, capfd):
     assert summary["by_family"] == {"past_tense": len(seeds)}  # every rewrite was refused: none kept
     assert summary["attacker"] == {"rewrites": len(seeds), "empty": 0, "kept": 0, "failed": len(seeds)}
     assert asked == len(seeds)
+    # endpoints: new tokens are their answers' usage.completion_tokens (this server says 0)
+    generation = summary["generation"]
+    assert {who: (g["prompts"], g["new_tokens"]) for who, g in generation.items()} == {
+        "attacker": (len(seeds), 0), "target": (len(seeds), 0)}
     assert all(r["template"] in ("past_tense/2", "past_tense/5") for r in rows)
+
+
+def test_cli_reports_what_a_checkpoint_attacker_generated(tiny_run, tmp_path, capfd):
+    """A checkpoint attacker's generation block: its prompts, the tokens it decoded, seconds and tokens/s."""
+    prompts = tmp_path / "seeds.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": s.prompt, "category": s.category, "expected": s.expected})
+                               + "\n" for s in SEEDS[:2]))
+    code, stdout, err = _cli(capfd, "redteam", "--prompts", str(prompts), "--out", str(tmp_path / "a.jsonl"),
+                             "--families", "past_tense", "--attacker", str(tiny_run), "--max-new-tokens", "4",
+                             "--json")
+    assert code == 0, err
+    generation = json.loads(stdout)["generation"]
+    assert list(generation) == ["attacker"]
+    attacker = generation["attacker"]
+    assert attacker["prompts"] == 2 and attacker["calls"] == 1 and attacker["seconds"] > 0
+    assert 0 < attacker["new_tokens"] <= 2 * 4 and attacker["tokens_per_s"] > 0

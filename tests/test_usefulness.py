@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_eval_safety import counted_new_tokens
 
 from meshlm.errors import DataError
 from meshlm.safety.metrics import wilson
@@ -112,8 +113,12 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tiny_run: Path, tmp_path, capfd):
     report = json.loads(stdout)
     records = [json.loads(x) for x in (tmp_path / "o" / "responses.jsonl").read_text().splitlines()]
     # the same greedy, batched chat generation as the safety evaluation
-    assert [r["response"] for r in records] == checkpoint_generator(tiny_run, max_new_tokens=4)(
-        [r["question"] for r in ROWS])
+    generate = checkpoint_generator(tiny_run, max_new_tokens=4)
+    assert [r["response"] for r in records] == generate([r["question"] for r in ROWS])
+    # what generating cost, beside generate_s: the response tokens the rollout decoded, and tokens/s
+    assert report["new_tokens"] == report["generation"]["new_tokens"] == counted_new_tokens(
+        generate, [r["question"] for r in ROWS]) > 0
+    assert report["generation"]["prompts"] == 5 and report["tokens_per_s"] > 0
     assert report["n"] == 5 and report["accuracy"]["k"] == sum(
         matched_answer(r["response"], r["answers"]) is not None for r in records)
     code, _, err = _cli(capfd, "eval", "facts", "--checkpoint", str(tiny_run), "--questions",

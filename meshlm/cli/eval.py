@@ -84,6 +84,9 @@ def run_safety(args: argparse.Namespace) -> int:
             print(f"{name:>20}: {value} (n={stat['n']})")
         for gate in body["gates"]:
             print(f"gate {gate['gate']}: {'pass' if gate['passed'] else 'FAIL ' + gate.get('reason', '')}")
+        gen = body["generation"]
+        print(f"generation: {gen['prompts']} prompts in {gen['seconds']:.1f} s, {gen['new_tokens']} new tokens, "
+              f"{gen['tokens_per_s']} tokens/s")
         print(f"wrote {args.out}/responses.jsonl, report.json, report.md")
     return 0 if body["passed"] else 1
 

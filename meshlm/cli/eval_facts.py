@@ -58,6 +58,7 @@ def run_facts(args: argparse.Namespace) -> int:
     else:
         acc = body["accuracy"]
         print(f"accuracy: {acc['rate']:.3f} [{acc['ci95'][0]:.3f}, {acc['ci95'][1]:.3f}] "
-              f"({acc['k']}/{acc['n']}) in {body['generate_s']:.0f} s")
+              f"({acc['k']}/{acc['n']}) in {body['generate_s']:.0f} s ({body['new_tokens']} new tokens, "
+              f"{body['tokens_per_s']} tokens/s)")
         print(f"wrote {args.out}/responses.jsonl, report.json, report.md")
     return 0

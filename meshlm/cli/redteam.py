@@ -45,15 +45,16 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     seeds = read_seed_prompts(args.prompts, spec) if args.prompts else seeds_from_spec(spec)
     rows = attack(seeds, families, args.seed, per_prompt=args.per_prompt, split=args.split)
-    attacker_stats = None
+    attacker_stats = generation = None
     if args.attacker:
-        attacker_rows, attacker_stats = _model_attack(args, seeds)
+        attacker_rows, attacker_stats, generation = _model_attack(args, seeds)
         rows += attacker_rows
     atomic_write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     summary = {"out": str(args.out), "seeds": len(seeds), "rows": len(rows),
                "by_family": dict(Counter(r["family"] for r in rows)),
                "by_category": dict(Counter(str(r["category"]) for r in rows)),
-               "seed": args.seed, "split": args.split, "attacker": attacker_stats}
+               "seed": args.seed, "split": args.split, "attacker": attacker_stats,
+               "generation": generation}
     if args.json:
         emit(summary, indent=1)
     else:
@@ -62,21 +63,31 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {family:<20} {n}")
         if attacker_stats:
             print(f"  attacker: {attacker_stats}")
+        for who, block in (generation or {}).items():
+            print(f"  {who} generation: {block['prompts']} prompts in {block['seconds']:.1f} s, "
+                  f"{block['new_tokens']} new tokens, {block['tokens_per_s']} tokens/s")
     return 0
 
 
-def _model_attack(args: argparse.Namespace, seeds: list) -> tuple[list[dict], dict[str, int]]:
+def _model_attack(args: argparse.Namespace, seeds: list) -> tuple[list[dict], dict[str, int], dict]:
+    """The attacker's rows and counts, and the ``generation`` block of the attacker (and target): seconds,
+    prompts, new tokens and tokens/s (meshlm.safety.generation.Measured)."""
     from meshlm.safety.chatgen import generate_fn
+    from meshlm.safety.generation import Measured
     from meshlm.safety.redteam import model_attack
 
     # The attacker samples (temperature 0.8) so that each round tries something new; the target is greedy.
     rewrite = generate_fn(args.attacker, args.attacker_model, max_new_tokens=args.max_new_tokens, temperature=0.8,
                           seed=args.seed, flag="--attacker")
+    rewrite = Measured(rewrite)
     target = judge = None
     if args.target:
-        target = generate_fn(args.target, args.target_model, max_new_tokens=args.max_new_tokens, flag="--target")
+        target = Measured(generate_fn(args.target, args.target_model, max_new_tokens=args.max_new_tokens,
+                                      flag="--target"))
         judge = build_judge(args)
-    return model_attack(seeds, rewrite, target=target, judge=judge, rounds=args.attack_rounds, seed=args.seed)
+    rows, stats = model_attack(seeds, rewrite, target=target, judge=judge, rounds=args.attack_rounds, seed=args.seed)
+    generation = {"attacker": rewrite.stats(), **({"target": target.stats()} if target is not None else {})}
+    return rows, stats, generation
 
 
 def build_judge(args: argparse.Namespace):

@@ -32,12 +32,12 @@ def generate_fn(source: str, model: str | None = None, *, max_new_tokens: int = 
     if temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {temperature}")
     if is_endpoint(source):
-        from meshlm.safety.endpoint import Endpoint
+        from meshlm.safety.evaluate import CountingEndpoint
 
         if not model:
             name_flag = model_flag or f"{flag}-model"
             raise ConfigError(f"{flag} {source} is an endpoint: also give its model name ({name_flag} NAME)")
-        return Endpoint(source, model).generate_fn(max_tokens=max_new_tokens, temperature=temperature)
+        return CountingEndpoint(source, model).generator(max_tokens=max_new_tokens, temperature=temperature)
     return checkpoint_generate_fn(source, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                   batch_size=batch_size, device=device)
 
@@ -57,4 +57,5 @@ def checkpoint_generate_fn(path: str | Path, *, max_new_tokens: int = 128, tempe
         return [reply for start in range(0, len(prompts), batch_size)
                 for reply in model(prompts[start:start + batch_size])]
 
+    generate.stats = model.stats  # type: ignore[attr-defined]  # what it decoded (meshlm.safety.generation.Measured)
     return generate

@@ -8,16 +8,21 @@ callable, a judge (judge.py) and optionally a guard (guard.py). The report keeps
     write_outputs(report, "out/")          # responses.jsonl, report.json, report.md
 
 The report's top level is the model alone (the figures targets apply to); ``with_guard`` is model + guard.
+``generation`` says what generating cost: seconds, prompts, new tokens and tokens/s (new tokens null where the
+generator cannot count them: an endpoint whose answers carry no ``usage``).
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from meshlm.data.jsonl import iter_jsonl
 from meshlm.errors import DataError
+from meshlm.safety.endpoint import Endpoint
 from meshlm.safety.metrics import DEGENERACY, HEADLINE, evaluate_gates, parse_gates, summarize
 from meshlm.safety.taxonomy import POLICIES
 
@@ -58,9 +63,11 @@ def evaluate_safety(rows: Sequence[Mapping[str, Any]], generate: Generate, judge
     has ``with_guard``. ``gates``: an expression such as ``refusal_rate>=0.95,false_refusal_rate<=0.05``,
     parsed before anything is generated so a typo fails at once.
     """
+    from meshlm.safety.generation import Measured
     from meshlm.safety.judges import make_judge
 
     judge = judge or make_judge(None)
+    generate = Measured(generate)
     parsed = parse_gates(gates)
     rows = [check_prompt_row(dict(r), f"row {i}") for i, r in enumerate(rows)]
     prompts = [r["prompt"] for r in rows]
@@ -77,7 +84,7 @@ def evaluate_safety(rows: Sequence[Mapping[str, Any]], generate: Generate, judge
     records = [{"prompt": r["prompt"], "response": resp, "label": lab, "expected": r["expected"],
                 "category": r.get("category"), "family": r.get("family") or "direct"}
                for r, resp, lab in zip(rows, responses, labels)]
-    report: dict[str, Any] = {"judge": judge.name, **summarize(records)}
+    report: dict[str, Any] = {"judge": judge.name, **summarize(records), "generation": generate.stats()}
     if guard is not None:
         apply_guard(guard, records)
         report["guard"] = guard.name
@@ -142,6 +149,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
                       "|---|" + "---|" * len(HEADLINE)]
             for name, stats in block[group].items():
                 lines.append(f"| {name} | " + " | ".join(_fmt(stats.get(m)) for m in HEADLINE) + " |")
+    lines += generation_markdown(report.get("generation"))
     if report.get("gates"):
         lines += ["\n## Gates\n", "| gate | value | n | result |", "|---|---|---|---|"]
         for g in report["gates"]:
@@ -151,13 +159,52 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def generation_markdown(block: Mapping[str, Any] | None) -> list[str]:
+    """One line for a report: what generating took."""
+    if not block:
+        return []
+    tokens = "new tokens not counted" if block["new_tokens"] is None else \
+        f"{block['new_tokens']} new tokens, {block['tokens_per_s']} tokens/s"
+    return [f"\ngeneration: {block['prompts']} prompts in {block['seconds']:.1f} s, {tokens}"]
+
+
 # ---- generators ---------------------------------------------------------------------------------------------
 def endpoint_generator(base_url: str, model: str, *, max_tokens: int = 256, system: str | None = None,
                        **endpoint_kwargs: Any) -> Generate:
     """Greedy chat completions from an OpenAI-compatible endpoint, a few requests at a time."""
-    from meshlm.safety.endpoint import Endpoint
+    return CountingEndpoint(base_url, model, **endpoint_kwargs).generator(max_tokens=max_tokens, system=system)
 
-    return Endpoint(base_url, model, **endpoint_kwargs).generate_fn(max_tokens=max_tokens, system=system)
+
+@dataclass
+class CountingEndpoint(Endpoint):
+    """An endpoint that adds up the ``usage.completion_tokens`` of its answers: the new tokens of the
+    ``generation`` block. None from the first answer without them (meshlm does not guess a count)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._lock, self._completion_tokens = threading.Lock(), 0
+
+    def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        reply = super()._post(route, body)
+        usage = reply.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        with self._lock:
+            if type(tokens) is not int or self._completion_tokens is None:
+                self._completion_tokens = None
+            else:
+                self._completion_tokens += tokens
+        return reply
+
+    def stats(self) -> dict[str, Any]:
+        return {"new_tokens": self._completion_tokens}
+
+    def generator(self, **kwargs: Any) -> Generate:
+        """``generate(prompts) -> responses`` (:meth:`Endpoint.generate_fn`) with ``stats()``."""
+        from meshlm.safety.generation import Measured
+
+        measured = Measured(self.generate_fn(**kwargs))
+        measured.generate.stats = self.stats  # type: ignore[attr-defined]  # the new tokens Measured reads
+        return measured
 
 
 def checkpoint_generator(path: str | Path, *, max_new_tokens: int = 128, device: str = "cpu",

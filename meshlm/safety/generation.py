@@ -13,8 +13,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,6 +25,46 @@ from meshlm.errors import ConfigError
 # weights_sha256 of a checkpoint folder by its manifest's sha256 (which holds every file's): hashing a real model's
 # weights takes a second or two, and one run asks it of the same base for several stages.
 _WEIGHTS_SHA256: dict[tuple[str, str], str] = {}
+
+
+def generation_stats(seconds: float, prompts: int, new_tokens: int | None, calls: int) -> dict[str, Any]:
+    """The ``generation`` block reports carry: wall seconds spent generating, prompts, new tokens (None where the
+    generator cannot count them) and new tokens per second."""
+    rate = round(new_tokens / seconds, 2) if new_tokens is not None and seconds > 0 else None
+    return {"seconds": round(seconds, 3), "calls": calls, "prompts": prompts, "new_tokens": new_tokens,
+            "tokens_per_s": rate}
+
+
+class Measured:
+    """``generate(prompts) -> responses`` that counts its own use: wall seconds and prompts of its calls, and the
+    new tokens the wrapped generator reports through its ``stats()`` (a :class:`CheckpointGenerator`, an endpoint
+    generator reading the API's usage); None when it has no ``stats()`` or cannot count."""
+
+    def __init__(self, generate: Callable[[list[str]], list[str]]) -> None:
+        self.generate = generate
+        self.seconds, self.prompts, self.calls = 0.0, 0, 0
+        self.new_tokens: int | None = 0
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        before = _new_tokens(self.generate)
+        start = time.perf_counter()
+        out = self.generate(prompts)
+        self.seconds += time.perf_counter() - start
+        after = _new_tokens(self.generate)
+        self.calls, self.prompts = self.calls + 1, self.prompts + len(prompts)
+        if before is None or after is None or self.new_tokens is None:
+            self.new_tokens = None
+        else:
+            self.new_tokens += after - before
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return generation_stats(self.seconds, self.prompts, self.new_tokens, self.calls)
+
+
+def _new_tokens(generate: Any) -> int | None:
+    stats = getattr(generate, "stats", None)
+    return stats().get("new_tokens") if callable(stats) else None
 
 
 class CheckpointGenerator:
@@ -55,6 +96,8 @@ class CheckpointGenerator:
         self.system, self.device, self.weights = system, device, "fp32"
         self.generator = None if greedy else torch.Generator(device).manual_seed(seed)
         self._identity: dict[str, Any] = {}  # shared by every view (using): filled once, by cache_key
+        # What this generator (and every view of it) decoded, cumulatively: stats().
+        self._counts: dict[str, Any] = {"seconds": 0.0, "calls": 0, "prompts": 0, "new_tokens": 0}
         manifest = self.checkpoint / "manifest.json"  # read now: the files just loaded (and verified against it)
         self._files = None if cfg.lora.enabled or not manifest.is_file() else (  # LoRA: the base's weights too
             str(self.checkpoint.resolve()), hashlib.sha256(manifest.read_bytes()).hexdigest())
@@ -112,11 +155,17 @@ class CheckpointGenerator:
             _WEIGHTS_SHA256[self._files] = weights_sha256(self.model)
         return _WEIGHTS_SHA256[self._files]
 
+    def stats(self) -> dict[str, Any]:
+        """Cumulative counts of this generator and its views: seconds, calls, prompts, new tokens (the response
+        ids decoded, stop ids excluded) and tokens_per_s."""
+        return generation_stats(**self._counts)
+
     def __call__(self, prompts: list[str]) -> list[str]:
         from meshlm.generate.rollout import rollout
 
         if not prompts:
             return []
+        start = time.perf_counter()
         encoded = [self.prompt_ids(p) for p in prompts]
         # Batch rows of similar length together: less padding, and the batch's outputs do not depend on order.
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
@@ -128,5 +177,9 @@ class CheckpointGenerator:
         for row, index in enumerate(order):
             ids = result.response_ids[row][result.response_mask[row]].tolist()
             ids = [t for t in ids if t not in eos]
+            self._counts["new_tokens"] += len(ids)
             texts[index] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        self._counts["seconds"] += time.perf_counter() - start
+        self._counts["calls"] += 1
+        self._counts["prompts"] += len(prompts)
         return texts

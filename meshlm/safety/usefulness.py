@@ -73,11 +73,15 @@ def matched_answer(response: str, answers: Sequence[str]) -> str | None:
 def evaluate_facts(rows: Sequence[Mapping[str, Any]], generate: Generate, *, batch_size: int = 32,
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Ask every question, score the responses; the report has ``accuracy`` ({rate, n, k, ci95}),
-    ``by_topic`` and ``records`` (one per question: id, question, answers, response, matched, correct)."""
+    ``by_topic``, ``records`` (one per question: id, question, answers, response, matched, correct) and what
+    generating cost: ``generate_s``, ``new_tokens`` and ``tokens_per_s`` (None where the generator cannot count
+    its tokens), and the ``generation`` block of :func:`meshlm.safety.generation.generation_stats`."""
+    from meshlm.safety.generation import Measured
+
     rows = [_check_row(dict(r), f"row {i}") for i, r in enumerate(rows)]
     questions = [r["question"] for r in rows]
     responses: list[str] = []
-    start = time.perf_counter()
+    generate, start = Measured(generate), time.perf_counter()
     for begin in range(0, len(questions), batch_size):
         batch = questions[begin:begin + batch_size]
         out = generate(batch)
@@ -92,7 +96,10 @@ def evaluate_facts(rows: Sequence[Mapping[str, Any]], generate: Generate, *, bat
         records.append({"id": row.get("id"), "question": row["question"], "answers": row["answers"],
                         "topic": row.get("topic"), "response": response, "matched": match,
                         "correct": match is not None})
-    return {**summarize_facts(records), "generate_s": round(time.perf_counter() - start, 2), "records": records}
+    generation = generate.stats()
+    return {**summarize_facts(records), "generate_s": round(time.perf_counter() - start, 2),
+            "new_tokens": generation["new_tokens"], "tokens_per_s": generation["tokens_per_s"],
+            "generation": generation, "records": records}
 
 
 def summarize_facts(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -112,11 +119,13 @@ def _fmt(stat: Mapping[str, Any]) -> str:
 
 
 def report_markdown(report: Mapping[str, Any]) -> str:
+    from meshlm.safety.evaluate import generation_markdown
+
     lines = ["# Factual accuracy\n", f"source: `{report.get('source', '?')}`, questions: {report['n']}; correct = "
              "the response contains an accepted answer as a whole word (case-insensitive); Wilson 95% intervals.\n",
              f"**accuracy: {_fmt(report['accuracy'])}**\n", "| topic | accuracy |", "|---|---|"]
     lines += [f"| {topic} | {_fmt(stat)} |" for topic, stat in report["by_topic"].items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + generation_markdown(report.get("generation"))) + "\n"
 
 
 def write_fact_outputs(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
