@@ -10,11 +10,13 @@ Two sources, both real SmolLM2-135M-Instruct text:
 No judge's label reaches the writers: every batch file holds only {id, prompt, response}. The key file (which
 model, which decoding, the prompt's expected policy) stays beside them for merging the labels back. All responses
 to one prompt go to one writer, so that a split by writer is also a split by prompt (no prompt is in both dev
-and sealed). Prompts of the sealed prompt sets are refused as input.
+and sealed). Responses to a prompt that a sealed prompt set also holds are left out (and counted).
 
-    python scripts/judge_corpus.py --run /tmp/real/align1 --sample base=/tmp/real/smol \
-        --sample sft=/tmp/real/align1/sft --sample dpo=/tmp/real/align1/dpo --prompts 160 --writers 4 \
-        --out /tmp/corpus
+The corpus in meshlm/safety/data was built in two parts (batches w1-w4, then w5-w6):
+
+    python scripts/judge_corpus.py --run /tmp/real/align1 --writers 4 --out /tmp/corpus1
+    python scripts/judge_corpus.py --sample dpo=/tmp/real/align1/dpo --sample sft=/tmp/real/align1/sft \
+        --prompts 160 --weights int8 --writers 2 --first-writer 5 --out /tmp/corpus2
 
 Once the writers have labelled (each batch by two writers who do not see each other's labels, and the rows they
 disagree on by an adjudicator who sees both labels and notes, never a judge's), merge them into a data file:
@@ -178,6 +180,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--weights", default="fp32", help="decode weights of the sampled responses: fp32 | int8")
     ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--first-writer", type=int, default=1, help="number of the first batch (wK, ids rs-wK-...): "
+                    "a later part of a corpus continues the numbering")
     ap.add_argument("--seed", type=int, default=29)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -191,7 +195,7 @@ def main() -> None:
     print(f"left out {len(dropped)} responses to {len({r['prompt'] for r in dropped})} prompts that a sealed set holds")
     args.out.mkdir(parents=True, exist_ok=True)
     key = []
-    for w, batch in enumerate(split(rows, args.writers, args.seed), start=1):
+    for w, batch in enumerate(split(rows, args.writers, args.seed), start=args.first_writer):
         with (args.out / f"batch_w{w}.jsonl").open("w") as f:
             for i, r in enumerate(batch, start=1):
                 rid = f"rs-w{w}-{i:04d}"
