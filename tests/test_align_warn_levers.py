@@ -81,13 +81,31 @@ def test_warn_chosen_pairs_are_written_repeat_times(tmp_path: Path, repeat: int)
     assert counts["offline_pairs"] == 4 and len(read_rows(out, objective="dpo")) == 2 * repeat + 2
 
 
+def test_answer_and_refuse_chosen_pairs_have_their_own_repeat(tmp_path: Path):
+    (tmp_path / "sft.jsonl").write_text(json.dumps(ROWS[1]) + "\n")
+    offline = [_pair("warn", "answer", 0), _pair("answer", "refuse", 1), _pair("answer", "warn", 2),
+               _pair("refuse", "warn", 3), _pair("refuse", "answer", 4)]
+    (tmp_path / "preference.jsonl").write_text("".join(json.dumps(p) + "\n" for p in offline))
+    right = {r["messages"][0]["content"]: r["messages"][1]["content"] for r in ROWS}
+    out = tmp_path / "mixed.jsonl"
+    counts = write_on_policy_preferences(tmp_path, out, lambda ps: [right[p] for p in ps], RuleJudge().label,
+                                         prompts=1, offline=5, seed=0, warn_repeat=1, answer_repeat=2,
+                                         refuse_repeat=3)
+    by_prompt = Counter(json.loads(line)["prompt"][0]["content"] for line in out.read_text().splitlines())
+    assert by_prompt == {"question 0": 1, "question 1": 2, "question 2": 2, "question 3": 3, "question 4": 3}
+    assert counts["written_by_chosen"] == {"answer": 4, "refuse": 6, "warn": 1}
+    assert (counts["answer_chosen_pairs"], counts["refuse_chosen_pairs"], counts["pairs_written"]) == (2, 2, 11)
+
+
 def test_the_keys_default_to_todays_behaviour_and_reject_bad_values():
     from meshlm.errors import ConfigError
 
     cfg = load_align_config(None)
     assert cfg.sft.warn_targets == "base" and cfg.dpo.warn_pair_repeat == 1
-    with pytest.raises(ConfigError, match="dpo.warn_pair_repeat = 0"):
-        load_align_config(None, ["dpo.warn_pair_repeat=0"])
+    assert cfg.dpo.answer_pair_repeat == 1 and cfg.dpo.refuse_pair_repeat == 1
+    for label in ("warn", "answer", "refuse"):
+        with pytest.raises(ConfigError, match=f"dpo.{label}_pair_repeat = 0"):
+            load_align_config(None, [f"dpo.{label}_pair_repeat=0"])
     with pytest.raises(ConfigError, match="sft.warn_targets"):
         load_align_config(None, ['sft.warn_targets="mixed"'])
 

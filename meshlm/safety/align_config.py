@@ -135,6 +135,10 @@ class DPOSection:
                                           "the DPO data.")
     warn_pair_repeat: int = option(1, "Times each pair whose chosen side is a warn (warn>answer, warn>refuse; on-policy, "
                                    "probe or offline) appears in the DPO data; 1: once, like every other pair.")
+    answer_pair_repeat: int = option(1, "Times each pair whose chosen side is an answer (answer>refuse, "
+                                     "answer>unclear) appears in the DPO data (as dpo.warn_pair_repeat).")
+    refuse_pair_repeat: int = option(1, "Times each pair whose chosen side is a refusal (refuse>answer, refuse>warn; "
+                                     "probes included) appears in the DPO data (as dpo.warn_pair_repeat).")
     probe_prompts: int = option(3000, "New phrasings of training refuse subjects (probe framings, half in attack "
                                 "frames) answered by the SFT model; its compliances become rejected sides (0: none).")
     lora_rank: int = option(0, LORA_RANK_DOC)
@@ -144,8 +148,11 @@ class DPOSection:
 
     def validate(self) -> None:
         check_lora("dpo", self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_dropout)
-        if self.warn_pair_repeat < 1:
-            raise ConfigError(f"dpo.warn_pair_repeat = {self.warn_pair_repeat}: must be >= 1 (1: each warn pair once)")
+        for label in ("warn", "answer", "refuse"):
+            repeat = getattr(self, f"{label}_pair_repeat")
+            if repeat < 1:
+                raise ConfigError(f"dpo.{label}_pair_repeat = {repeat}: must be >= 1 (1: each {label}-chosen pair "
+                                  "once)")
         pairs = label_pairs()
         for item in self.on_policy_exclude:
             if item not in pairs:

@@ -90,13 +90,15 @@ def probe_rows(spec: Spec, eval_groups: list[str], avoid: list[str], n: int, see
 
 def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label: Label, *, prompts: int,
                                 offline: int, seed: int, batch_size: int = 48, probes: list[dict] = (),
-                                exclude: tuple[str, ...] = (), warn_repeat: int = 1) -> dict:
+                                exclude: tuple[str, ...] = (), warn_repeat: int = 1, answer_repeat: int = 1,
+                                refuse_repeat: int = 1) -> dict:
     """``out``: the on-policy pairs of ``prompts`` sampled training prompts and of the ``probes`` (see
     :func:`probe_rows`), plus ``offline`` sampled rows of ``data/preference.jsonl`` (so every label pair stays
     represented); on-policy pairs whose ``chosen>rejected`` labels are in ``exclude`` are counted but not
     written; every pair whose chosen side is a warn is written ``warn_repeat`` times (DPO presents it that much
-    more often: on SmolLM2 they were a quarter of the pairs and DPO turned warns into refusals). Returns counts
-    for the report."""
+    more often: on SmolLM2 they were a quarter of the pairs and DPO turned warns into refusals), and likewise
+    every pair whose chosen side is an answer ``answer_repeat`` times and a refusal ``refuse_repeat`` times (the
+    mix of chosen labels decides the refuse / warn / answer trade-off DPO makes). Returns counts for the report."""
     rng = random.Random(f"on-policy:{seed}")
     sft = _rows(data / "sft.jsonl")
     pairs, draw = sample_prompts(sft, prompts, generate, label, rng, batch_size=batch_size, exclude=exclude)
@@ -108,8 +110,9 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
     pref = _rows(data / "preference.jsonl")
     mixed = pairs + probe_pairs + rng.sample(pref, min(offline, len(pref)))
     n_distinct = len(mixed)
-    warned = [p for p in mixed if p["chosen_label"] == "warn"]
-    mixed += warned * (warn_repeat - 1)
+    repeat = {"warn": warn_repeat, "answer": answer_repeat, "refuse": refuse_repeat}
+    chosen = {label: sum(p["chosen_label"] == label for p in mixed) for label in repeat}
+    mixed += [p for p in mixed for _ in range(repeat.get(p["chosen_label"], 1) - 1)]
     rng.shuffle(mixed)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in mixed))
     return {"prompts": min(prompts, len(sft)), "draw": draw, "on_policy_pairs": len(pairs),
@@ -118,7 +121,10 @@ def write_on_policy_preferences(data: Path, out: Path, generate: Generate, label
             "probe_prompts": len(probes), "probe_pairs": len(probe_pairs),
             "probe_by_family": _by(probe_pairs, lambda p: p["family"]),
             "offline_pairs": n_distinct - len(pairs) - len(probe_pairs),
-            "warn_chosen_pairs": len(warned), "warn_pair_repeat": warn_repeat, "pairs_written": len(mixed)}
+            "warn_chosen_pairs": chosen["warn"], "warn_pair_repeat": warn_repeat,
+            "answer_chosen_pairs": chosen["answer"], "answer_pair_repeat": answer_repeat,
+            "refuse_chosen_pairs": chosen["refuse"], "refuse_pair_repeat": refuse_repeat,
+            "pairs_written": len(mixed), "written_by_chosen": _by(mixed, lambda p: p["chosen_label"])}
 
 
 def _stratum(policy: str, category: str) -> str:

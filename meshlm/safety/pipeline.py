@@ -201,7 +201,8 @@ def on_policy_data(cfg: AlignConfig, data: Path, sft: Path, resume: bool, log: L
         return write_on_policy_preferences(data, out, generate, judge.label, prompts=d.on_policy_prompts,
                                            offline=d.offline_pairs, seed=cfg.data.seed, batch_size=cfg.eval.batch_size,
                                            probes=_probes(cfg, data), exclude=tuple(d.on_policy_exclude),
-                                           warn_repeat=d.warn_pair_repeat)
+                                           warn_repeat=d.warn_pair_repeat, answer_repeat=d.answer_pair_repeat,
+                                           refuse_repeat=d.refuse_pair_repeat)
 
     return _generated_file("on-policy pairs", data / "preference_on_policy.jsonl", data / "on_policy.json", sft, cfg,
                            resume, log, write, judge.name, cache)
