@@ -42,6 +42,17 @@ def test_a_served_batch_equals_the_recomputed_one_and_changed_inputs_miss(model,
     assert len(list((tmp_path / "c" / "generate").rglob("*.json"))) == 5
 
 
+def test_the_generation_block_counts_what_was_decoded_not_what_the_cache_served(model, tmp_path):
+    from meshlm.safety.evaluate import evaluate_safety
+
+    rows = [{"prompt": p, "expected": "answer"} for p in PROMPTS]
+    cache = AlignCache(tmp_path / "c")
+    first = evaluate_safety(rows, _cached(cache, model), judge=RuleJudge())["generation"]
+    again = evaluate_safety(rows, _cached(cache, model), judge=RuleJudge())["generation"]
+    assert first["prompts"] == again["prompts"] == 3 and 3 <= first["new_tokens"] <= 3 * 6
+    assert first["tokens_per_s"] > 0 and again["new_tokens"] == 0  # served, not decoded: no tokens, no guess
+
+
 def test_sampled_decoding_restores_the_generator_state_on_a_hit(model, tmp_path):
     cache = AlignCache(tmp_path / "c")
     kw = dict(greedy=False, temperature=1.0, seed=3)

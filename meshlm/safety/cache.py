@@ -169,6 +169,14 @@ class CachedGenerate:
                                          base64.b64encode(rng.get_state().numpy().tobytes()).decode()})
         return responses
 
+    def stats(self) -> dict[str, Any]:
+        """The wrapped generator's own counts (cumulative; what the cache served was not decoded, so it adds no
+        seconds and no tokens): the ``generation`` blocks of the align stages count what was really decoded."""
+        inner = getattr(self._gen, "stats", None)
+        if callable(inner):
+            return inner()
+        return {"new_tokens": 0 if self._gen is None else None}
+
 
 class CachedJudge:
     """A judge whose ``label`` calls are served from the cache; everything else is the judge's own."""
