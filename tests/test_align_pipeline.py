@@ -125,6 +125,30 @@ def test_resume_reuses_every_finished_stage_and_evaluation(tiny_run):
     assert again["gates"] == report["gates"]
 
 
+def test_a_stage_trained_before_a_key_existed_is_reused_when_the_key_is_at_its_default(tiny_run, tmp_path):
+    """A run made by an older meshlm has no line for a key added since (e.g. model.post_norms, Gemma 3's): read at
+    its default it is the same training, so resume reuses it; a key that differs still refuses it."""
+    import shutil
+
+    from meshlm.errors import ConfigError
+    from meshlm.safety.pipeline import run_pipeline
+
+    run, _ = tiny_run
+    copy = shutil.copytree(run, tmp_path / "older")
+    for stage in ("sft", "dpo"):
+        resolved = copy / stage / "config.resolved.toml"
+        text = resolved.read_text()
+        assert "post_norms = false\n" in text
+        resolved.write_text(text.replace("post_norms = false\n", ""))
+    logs: list[str] = []
+    run_pipeline(load_align_config(copy / "align.resolved.toml"), copy, resume=True, log=logs.append)
+    assert {line.split(":")[0] for line in logs if ": complete, reused (" in line} >= {"sft", "dpo"}
+    resolved = copy / "sft" / "config.resolved.toml"
+    resolved.write_text(resolved.read_text().replace("[model]\n", "[model]\npost_norms = true\n", 1))
+    with pytest.raises(ConfigError, match="sft was trained with another configuration"):
+        run_pipeline(load_align_config(copy / "align.resolved.toml"), copy, resume=True, log=lambda msg: None)
+
+
 def test_eval_judge_is_checked_before_training_and_a_new_judge_reevaluates(tiny_run, tmp_path):
     import shutil
 

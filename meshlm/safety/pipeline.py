@@ -79,15 +79,20 @@ def _train(raw: dict[str, Any], run_dir: Path, resume: bool, log: Log) -> Path:
 
 def _check_reusable(run_dir: Path, final: Path, toml: str) -> None:
     """A finished stage is reused on resume only if it was trained as this run asks (its resolved config is the
-    same but for the paths into the run directory, which move with it; and it is not a LoRA merge where every
-    weight is to train): a stage trained otherwise, and everything made from it, would be reported under settings
+    same but for the paths into the run directory, which move with it, and for keys added to meshlm since, read at
+    their defaults; and it is not a LoRA merge where every weight is to train): a stage trained otherwise, and everything made from it, would be reported under settings
     it never had."""
     import tomllib
 
     from meshlm.checkpoint.manager import read_train_state
+    from meshlm.config.loader import build_config, config_to_toml
 
     def settings(text: str) -> dict:
         table = tomllib.loads(text)
+        try:  # a stage written before a key existed reads with that key at its default (what it trained with)
+            table = tomllib.loads(config_to_toml(build_config(table)))
+        except Exception:  # noqa: BLE001 - a config this meshlm cannot read: compared as written (and so refused)
+            pass
         table.get("data", {}).pop("path", None)
         table.get("checkpoint", {}).pop("init_from", None)
         return table
