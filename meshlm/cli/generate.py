@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from meshlm.data.posttrain.templates import chat_template_for
     from meshlm.generate import generate
     from meshlm.generate.decode import FastForward, fast_forward
-    from meshlm.generate.stops import stop_ids
+    from meshlm.generate.stops import split_stop, stop_ids
     from meshlm.tokenizer import MeshTokenizer
 
     if args.max_new_tokens < 1 or args.num_samples < 1:
@@ -134,12 +134,12 @@ def run(args: argparse.Namespace) -> int:
                        device=args.device, vocab_limit=tokenizer.vocab_size, weights=args.weights,
                        speculative=args.speculative)
         ids = prompt + new
-        stopped = bool(new) and new[-1] in eos_ids
-        reply = tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=True).strip()
+        body, stopped = split_stop(new, eos_ids)  # the stop token ends the sample; no text of it is printed
+        reply = tokenizer.decode(body, skip_special_tokens=True).strip()
         if args.json:  # "text" is what the command prints: the reply in a chat, prompt and completion otherwise
-            emit({"ids": ids, "text": reply if messages is not None else tokenizer.decode(ids), "prompt_ids": prompt,
-                  "generated_ids": new, "completion": tokenizer.decode(new), "eos_ids": eos_ids,
-                  "finish_reason": "stop" if stopped else "length"})  # one JSON line per sample
+            emit({"ids": ids, "text": reply if messages is not None else tokenizer.decode(prompt + body),
+                  "prompt_ids": prompt, "generated_ids": new, "completion": tokenizer.decode(body),
+                  "eos_ids": eos_ids, "finish_reason": "stop" if stopped else "length"})  # one JSON line per sample
         else:
-            print(reply if messages is not None else tokenizer.decode(ids, skip_special_tokens=True))
+            print(reply if messages is not None else tokenizer.decode(prompt + body, skip_special_tokens=True))
     return 0

@@ -4,11 +4,13 @@ A generation ends at any of the checkpoint's eos ids — its tokenizer's eos fir
 converted model's ``generation_config.json`` listed (kept in ``tokenizer_meta.json``: Llama 3.1 Instruct ends
 with several) — and, for a chat, at its chat template's end-of-turn token (ChatML's ``<|im_end|>``, Llama 3's
 ``<|eot_id|>``, meshlm's ``<|end|>``). ``meshlm generate``, the server, the safety generator and the RL
-objectives all take their stop ids from :func:`stop_ids`, so a model stops at the same token everywhere.
+objectives all take their stop ids from :func:`stop_ids`, so a model stops at the same token everywhere. The stop
+token ends a generation but is not part of its text: :func:`split_stop` takes it off before decoding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from meshlm.data.posttrain.templates import ChatTemplate, chat_template_for, read_hf_chat_template
@@ -37,3 +39,11 @@ def stop_ids(tokenizer: MeshTokenizer, checkpoint: str | Path | None = None, *, 
         if template is not None:
             ids += template.end_of_turn_ids()
     return list(dict.fromkeys(ids))
+
+
+def split_stop(new_ids: Sequence[int], stop: Collection[int]) -> tuple[list[int], bool]:
+    """The generated ids without the stop id that ended them, and whether one did. Decode the first part: the stop
+    token (Gemma's ``<end_of_turn>``, ChatML's ``<|im_end|>``) is a special token whose text would otherwise be
+    rendered back."""
+    stopped = bool(new_ids) and new_ids[-1] in stop
+    return list(new_ids[:-1] if stopped else new_ids), stopped
