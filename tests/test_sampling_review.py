@@ -19,13 +19,10 @@ from meshlm.generate.params import SamplingError, SamplingParams
 from meshlm.generate.sampling import RowSampler, sample
 from meshlm.serve.decode import TextStream
 from meshlm.serve.engine import BatchEngine
-from meshlm.serve.fixtures import random_checkpoints
 from meshlm.serve.protocol import Failed, Finished
-from meshlm.serve.registry import Registry
 from tests.test_families import tiny
-from tests.test_registry import write_report
 from tests.test_serve_engine import DigitTokenizer, plain_greedy
-from tests.test_serve_fields import start_in_process
+from tests.test_serve_fields import serve_tiny
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0, 3.0])  # V = 6, no ties
 # chi-square with 5 degrees of freedom: P(X > 20.52) = 0.001. Each check below is deterministic (fixed seeds);
@@ -203,12 +200,7 @@ def test_sampling_fields_are_read_as_meant_or_refused_naming_the_field():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sampling-review")
-    step1, = random_checkpoints(root / "run", steps=(1,))
-    reg = Registry(root / "reg.sqlite")
-    reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))
-    yield from start_in_process(reg, ["tiny:v1"])
-    reg.close()
+    yield from serve_tiny(tmp_path_factory, "sampling-review")
 
 
 def test_over_http_a_tiny_temperature_is_greedy_and_a_bad_one_a_400(served):

@@ -91,14 +91,21 @@ def start_in_process(registry: Registry, refs: list[str], admin_token: str | Non
         sock.close()
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fields")
-    step1, = random_checkpoints(root / "run", steps=(1,))  # random weights: the fields do not care what they learned
+def serve_tiny(tmp_path_factory, name: str):
+    """One random tiny checkpoint registered as ``tiny:v1`` in a fresh registry (folder ``name``) and served by
+    :func:`start_in_process`; yields InProcess, then stops the server and closes the registry. For the module
+    fixtures of tests that need a served model, not what it learned (random weights)."""
+    root = tmp_path_factory.mktemp(name)
+    step1, = random_checkpoints(root / "run", steps=(1,))
     reg = Registry(root / "reg.sqlite")
     reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))
     yield from start_in_process(reg, ["tiny:v1"])
     reg.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    yield from serve_tiny(tmp_path_factory, "fields")
 
 
 # --- direct computation on the served model ------------------------------------------------------------------

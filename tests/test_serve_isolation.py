@@ -17,13 +17,10 @@ import pytest
 
 from meshlm.generate import generate
 from meshlm.serve.engine import BatchEngine
-from meshlm.serve.fixtures import random_checkpoints
 from meshlm.serve.protocol import Failed, Finished, Sampling
-from meshlm.serve.registry import Registry
 from tests.test_generate import tiny_model
-from tests.test_registry import write_report
 from tests.test_serve_engine import DigitTokenizer
-from tests.test_serve_fields import start_in_process
+from tests.test_serve_fields import serve_tiny
 
 
 class Breaks:
@@ -109,12 +106,7 @@ def schema_format(schema: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("isolation")
-    step1, = random_checkpoints(root / "run", steps=(1,))
-    reg = Registry(root / "reg.sqlite")
-    reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))
-    yield from start_in_process(reg, ["tiny:v1"])
-    reg.close()
+    yield from serve_tiny(tmp_path_factory, "isolation")
 
 
 def run_together(calls: dict) -> dict:

@@ -17,22 +17,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshlm.serve.fixtures import random_checkpoints
-from meshlm.serve.registry import Registry
-from tests.test_registry import write_report
-from tests.test_serve_fields import start_in_process
+from tests.test_serve_fields import serve_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("metrics")
-    step1, = random_checkpoints(root / "run", steps=(1,))
-    reg = Registry(root / "reg.sqlite")
-    reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))
-    yield from start_in_process(reg, ["tiny:v1"])
-    reg.close()
+    yield from serve_tiny(tmp_path_factory, "metrics")
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:

@@ -16,10 +16,7 @@ import openai
 import pydantic
 import pytest
 
-from meshlm.serve.fixtures import random_checkpoints
-from meshlm.serve.registry import Registry
-from tests.test_registry import write_report
-from tests.test_serve_fields import start_in_process
+from tests.test_serve_fields import serve_tiny
 
 
 class Person(pydantic.BaseModel):  # bounded: a constrained answer always closes within the token budget
@@ -30,12 +27,7 @@ class Person(pydantic.BaseModel):  # bounded: a constrained answer always closes
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("responses")
-    step1, = random_checkpoints(root / "run", steps=(1,))
-    reg = Registry(root / "reg.sqlite")
-    reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))
-    yield from start_in_process(reg, ["tiny:v1"])
-    reg.close()
+    yield from serve_tiny(tmp_path_factory, "responses")
 
 
 def test_create_equals_chat_completions(served):

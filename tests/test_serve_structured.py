@@ -11,10 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from meshlm.serve.fixtures import random_checkpoints
-from meshlm.serve.registry import Registry
-from tests.test_registry import write_report
-from tests.test_serve_fields import start_in_process
+from tests.test_serve_fields import serve_tiny
 
 PERSON = {
     "type": "object",
@@ -34,12 +31,7 @@ FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PER
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("structured")
-    step1, = random_checkpoints(root / "run", steps=(1,))
-    reg = Registry(root / "reg.sqlite")
-    reg.add_checkpoint(step1, "tiny", write_report(root / "pass.json", True))
-    yield from start_in_process(reg, ["tiny:v1"])
-    reg.close()
+    yield from serve_tiny(tmp_path_factory, "structured")
 
 
 def test_json_schema_answers_validate(served):
