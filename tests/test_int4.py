@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshlm.errors import ConfigError
 from meshlm.generate import generate
 from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.int4 import GROUP_SIZE, Int4Matrix, int4_or_fp32, int4_unavailable_reason, quantize_groups
-from meshlm.generate.int8 import check_weight_format
 from meshlm.generate.packed import pack_bytes, packed_weights
 from tests.test_decode import ARCHS, tiny
+from tests.test_int8 import assert_format_refusals
 
 pytestmark = pytest.mark.skipif(int4_unavailable_reason() is not None, reason="torch without the CPU int4 kernel")
 
@@ -96,13 +95,7 @@ def test_generate_decodes_on_the_int4_pack_and_counts_its_bytes():
 
 
 def test_refusals_name_the_key():
-    check_weight_format("int4", "cpu", torch.float32)
-    with pytest.raises(ConfigError, match="int4 runs on CPU only"):
-        check_weight_format("int4", "cuda", torch.float32)
-    with pytest.raises(ConfigError, match="int4 quantises an fp32 model"):
-        check_weight_format("int4", "cpu", torch.bfloat16)
-    with pytest.raises(ConfigError, match="needs meshlm's packed decode path"):
-        fast_forward(torch.nn.Linear(2, 2), "int4")
+    assert_format_refusals("int4")
 
 
 def test_the_server_engine_decodes_on_the_int4_pack():

@@ -124,16 +124,23 @@ def test_the_int8_pack_is_made_once_and_follows_updates():
     assert packed_weights(model, 1, "int8") is not first
 
 
+def assert_format_refusals(weights: str) -> None:
+    """``--weights WEIGHTS`` runs an fp32 model on CPU and refuses CUDA, another dtype and a model without meshlm's
+    packed decode path, each with a message naming the format (shared with tests/test_int4.py)."""
+    check_weight_format(weights, "cpu", torch.float32)
+    with pytest.raises(ConfigError, match=f"{weights} runs on CPU only"):
+        check_weight_format(weights, "cuda", torch.float32)
+    with pytest.raises(ConfigError, match=f"{weights} quantises an fp32 model"):
+        check_weight_format(weights, "cpu", torch.bfloat16)
+    with pytest.raises(ConfigError, match="needs meshlm's packed decode path"):
+        fast_forward(torch.nn.Linear(2, 2), weights)
+
+
 def test_refusals_name_the_key():
     model = tiny()
     with pytest.raises(ConfigError, match="--weights must be one of"):
         check_weight_format("int3", "cpu", torch.float32)
-    with pytest.raises(ConfigError, match="CPU only"):
-        check_weight_format("int8", "cuda", torch.float32)
-    with pytest.raises(ConfigError, match="fp32 model"):
-        check_weight_format("int8", "cpu", torch.bfloat16)
-    with pytest.raises(ConfigError, match="needs meshlm's packed decode path"):
-        fast_forward(torch.nn.Linear(2, 2), "int8")
+    assert_format_refusals("int8")
     assert fast_forward(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear  # fp32: the model's own forward
     assert fast_forward(model).__class__ is FastForward
     with pytest.raises(ConfigError, match="fast=False"):
