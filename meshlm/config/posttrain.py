@@ -28,6 +28,9 @@ class ObjectiveConfig:
     undesirable_weight: float = option(1.0, "KTO: weight λ_U of the undesirable items' loss.")
     label_smoothing: float = option(0.0, "cDPO label smoothing ε in [0, 0.5) (sigmoid and simpo).")
     simpo_gamma: float = option(0.5, "SimPO's target margin γ.")
+    rpo_alpha: float = option(0.0, "DPO family (sigmoid, ipo, hinge, simpo): weight α of the chosen response's NLL "
+                                   "per token added to each pair's loss (RPO; TRL's rpo_alpha). It keeps the chosen "
+                                   "responses likely where the pair loss alone pushes both sides down; 0 = off.")
     ipo_normalize: bool = option(True, "IPO: divide each log-ratio by its token count (TRL) instead of using the "
                                        "sums (the paper).")
     reference: str = option("model", "DPO reference: 'model' keeps a frozen copy of checkpoint.init_from laid out "
@@ -73,6 +76,11 @@ class ObjectiveConfig:
             raise ConfigError(f"objective.beta must be >= 0 (0 = the loss type's default), got {self.beta}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"objective.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.rpo_alpha < 0:
+            raise ConfigError(f"objective.rpo_alpha must be >= 0 (0 = off), got {self.rpo_alpha}")
+        if self.rpo_alpha and self.loss_type in ("orpo", "kto"):
+            raise ConfigError(f"objective.rpo_alpha = {self.rpo_alpha} does not apply to loss_type "
+                              f"{self.loss_type!r} (orpo has its own NLL term, kto has no pairs); set it to 0")
         if self.desirable_weight < 0 or self.undesirable_weight < 0:
             raise ConfigError("objective.desirable_weight and objective.undesirable_weight must be >= 0; got "
                               f"{self.desirable_weight}, {self.undesirable_weight}")

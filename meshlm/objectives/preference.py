@@ -9,6 +9,10 @@ the response tokens (its eos included). The reference log-probs come from either
 - ``"precomputed"``: the same copy run once over every train and held-out pair in :meth:`setup`, kept as a
   (num_pairs, 2) table on the device and then freed — the table replaces the model's memory.
 
+With ``objective.rpo_alpha = α > 0`` each pair's loss adds α times the chosen response's NLL per token (RPO, Pang et
+al. 2024): the pair loss only asks the chosen side to beat the rejected one, and on a small model it does so
+mostly by pushing both down — a refusal template rejected on warn prompts becomes unlikely on harmful ones too.
+
 The loss is per pair, so ``num_loss_tokens`` is the number of pairs: the trainer divides the summed loss by the
 global count. Metrics carry TRL's names (rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies,
 ``eval_`` prefixed on held-out pairs) plus logps/chosen and logps/rejected.
@@ -45,7 +49,7 @@ def pair_logps(model: nn.Module, rows: dict[str, torch.Tensor]) -> SequenceLogps
 class PreferenceObjective(Objective):
     name = "dpo"
     data_kind = "preference"
-    config_keys = ("beta", "loss_type", "label_smoothing", "simpo_gamma", "ipo_normalize", "reference",
+    config_keys = ("beta", "loss_type", "label_smoothing", "simpo_gamma", "ipo_normalize", "rpo_alpha", "reference",
                    "eval_fraction")
 
     @classmethod
@@ -111,7 +115,11 @@ class PreferenceObjective(Objective):
                               label_smoothing=self.cfg.label_smoothing, simpo_gamma=self.cfg.simpo_gamma,
                               ipo_normalize=self.cfg.ipo_normalize)
         self._record(out, policy, "" if model.training else "eval_")
-        return out.losses.sum()
+        if not self.cfg.rpo_alpha:
+            return out.losses.sum()
+        chosen_nll = -split_pairs(policy.mean)[0]  # per token, so long and short chosen responses weigh alike
+        self._metrics.add(("" if model.training else "eval_") + "nll/chosen", chosen_nll.detach())
+        return (out.losses + self.cfg.rpo_alpha * chosen_nll).sum()
 
     def _record(self, out, policy: SequenceLogps, prefix: str) -> None:
         """TRL's metric names (+ the policy's summed log-probs), accumulated until the trainer reads them."""

@@ -128,6 +128,8 @@ class DPOSection:
     beta: float = option(0.5, "DPO beta (larger keeps the policy closer to the SFT model).")
     loss_type: str = option("sigmoid", "objective.loss_type of the DPO run.",
                             choices=("sigmoid", "ipo", "hinge", "simpo", "orpo"))
+    rpo_alpha: float = option(0.0, "objective.rpo_alpha of the DPO run: weight of the chosen response's NLL per "
+                                   "token beside the pair loss (0 = off).")
     on_policy_prompts: int = option(800, "Training prompts answered by the SFT model; its answers eval.judge labels "
                                     "against the policy become the rejected side of pairs (0: offline pairs only).")
     offline_pairs: int = option(300, "Offline pairs of preference.jsonl mixed with the on-policy ones.")
@@ -148,6 +150,9 @@ class DPOSection:
 
     def validate(self) -> None:
         check_lora("dpo", self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_dropout)
+        if self.rpo_alpha < 0 or (self.rpo_alpha and self.loss_type == "orpo"):
+            raise ConfigError(f"dpo.rpo_alpha = {self.rpo_alpha}: must be >= 0, and 0 with dpo.loss_type = 'orpo' "
+                              "(orpo has its own NLL term)")
         for label in ("warn", "answer", "refuse"):
             repeat = getattr(self, f"{label}_pair_repeat")
             if repeat < 1:

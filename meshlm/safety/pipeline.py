@@ -235,7 +235,8 @@ def train_dpo(cfg: AlignConfig, data: Path, init_from: Path, run_dir: Path, resu
     raw = {**_common(cfg), "model": cfg.model.overrides(), "data": {"seq_len": cfg.model.seq_len,
            "path": str(pairs or data / "preference.jsonl")}, "optimizer": {"lr": d.lr}, "schedule": {"warmup_steps": 5},
            "training": {"objective": "dpo", "steps": d.steps, "batch_size": d.batch_size, "eval_interval": 0},
-           "objective": {"loss_type": d.loss_type, "beta": d.beta, "reference": "model", "eval_fraction": 0.02},
+           "objective": {"loss_type": d.loss_type, "beta": d.beta, "rpo_alpha": d.rpo_alpha, "reference": "model",
+                         "eval_fraction": 0.02},
            "checkpoint": {**_common(cfg)["checkpoint"], "init_from": str(init_from)}}  # fmt: skip
     return _train_stage(raw, lora_table(d), run_dir, resume, log)
 
