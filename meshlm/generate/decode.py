@@ -147,12 +147,15 @@ class FastForward:
 # 1 / 4 / 16 / 64 rows 59 / 157 / 260 / 593 ms on one thread against 505 / 2,531 / 3,447 / 4,783 on two;
 # one-sequence prefills of 8 / 32 / 128 / 512 tokens 339 / 460 / 1,236 / 2,589 against 6,009 / 2,137 / 10,098 /
 # 11,200; prefills of 4 and 16 prompts of 32 tokens 1,230 / 3,342 against 10,650 / 27,159: one thread won at every
-# point (3-17x) while other processes held the cores. On a quiet machine only one sequence was measured (session
-# 10: a batch-1 decode step 43.6 ms on one thread, 48.3 on two). So: one sequence of up to ONE_SEQUENCE_MAX_TOKENS
-# always runs on one thread; up to ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed
-# (the 1-minute load average at least the cores this process may use); anything else keeps the process's threads
-# (a quiet machine with more cores than this one has not been measured: its threads are the user's choice).
-ONE_SEQUENCE_MAX_TOKENS = 128
+# point (3-17x) while other processes held the cores. On a quiet machine (docs/benchmarks.md "The issue's targets
+# on a quiet machine", session 14, load 1.6-1.8 = the benchmark itself): a batch-1 decode step 28.4 ms on one
+# thread, 28.6 on two (session 10: 43.6 / 48.3), but batches and prefills gain from the second thread: decode
+# steps of 4 / 16 / 64 rows 31 / 89 / 233 against 21 / 64 / 156 ms, one-sequence prefills of 8 / 32 / 128 / 512
+# tokens 60 / 104 / 300 / 1,225 against 39 / 71 / 170 / 657 (a 32-token prompt's first token 1.5x later on one).
+# So: a one-sequence decode step always runs on one thread (no loss quiet, 9x gain loaded); up to
+# ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed (the 1-minute load average at least
+# the cores this process may use); anything else keeps the process's threads (a quiet machine with more cores
+# than this one has not been measured: its threads are the user's choice).
 ONE_THREAD_MAX_ROWS = 512
 _LOAD_EVERY_S = 1.0
 _load_seen: list[float] = [float("-inf"), 0.0]  # [when read, oversubscribed?] — /proc/loadavg read at most 1/s
@@ -180,7 +183,7 @@ def forward_threads(batch: int, length: int, device: torch.device, threads: int,
     (the rule above; ``oversubscribed`` None: read from the machine's load)."""
     if device.type != "cpu" or threads == 1:
         return threads
-    if batch == 1 and length <= ONE_SEQUENCE_MAX_TOKENS:
+    if batch == 1 and length == 1:
         return 1
     if batch * length <= ONE_THREAD_MAX_ROWS and (cpu_oversubscribed() if oversubscribed is None else oversubscribed):
         return 1
