@@ -298,10 +298,13 @@ def test_a_second_run_of_the_same_base_is_served_from_the_cache(tiny_run, tmp_pa
     untimed = lambda models: {m: {s: {k: v for k, v in r.items() if k != "generation"}  # noqa: E731
                                   for s, r in sets.items()} for m, sets in models.items()}  # its seconds differ
     assert untimed(second["models"]) == untimed(first["models"])
-    timed = ("source", "generate_s", "generation", "tokens_per_s")  # the run folder and the time differ
+    # the run folder, the time and what was decoded differ (the second run decoded nothing: it was served)
+    timed = ("source", "generate_s", "generation", "tokens_per_s", "new_tokens")
     figures = lambda facts: {m: {k: v for k, v in r.items() if k not in timed}  # noqa: E731
                              for m, r in facts.items()}  # nothing else
     assert figures(second["facts"]) == figures(first["facts"])
+    assert all(r["new_tokens"] > 0 for r in first["facts"].values())
+    assert all(r["new_tokens"] == 0 == r["generation"]["new_tokens"] for r in second["facts"].values())
     assert second["data"]["self_distill"] == first["data"]["self_distill"]
     for name in ("data/sft_self.jsonl", "eval/base/heldout/responses.jsonl", "eval/dpo/synthetic/responses.jsonl",
                  "eval/sft/facts/responses.jsonl"):

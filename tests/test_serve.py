@@ -305,10 +305,12 @@ def test_gateway_to_a_second_server(stack):
 def test_overload_is_429_with_retry_after(stack):
     url = stack.up.url + "/v1/completions"  # the upstream: one sequence decoding, one waiting
     results: list[httpx2.Response] = []
+    together = threading.Barrier(5)  # the five arrive at once (no client thread starts after the first has finished)
 
     def send() -> None:
         with httpx2.Client(timeout=120) as c:
-            results.append(c.post(url, json={"model": "up", "prompt": "Go on", "max_tokens": 12, "temperature": 0}))
+            together.wait()
+            results.append(c.post(url, json={"model": "up", "prompt": "Go on", "max_tokens": 48, "temperature": 0}))
     threads = [threading.Thread(target=send) for _ in range(5)]
     for t in threads:
         t.start()
