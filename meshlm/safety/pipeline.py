@@ -40,17 +40,19 @@ SETS = ("heldout", "synthetic")
 
 
 def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str = "",
-                 eval_group_fraction: float = 0.1) -> dict:
+                 eval_group_fraction: float = 0.1, facts: str = "") -> dict:
     """``meshlm align data``: synthesise, split and write the dataset files; returns the manifest."""
-    from meshlm.safety.datasets import leak_check_files, leak_check_prompts, split_examples, write_dataset
+    from meshlm.safety.datasets import (leak_check_facts, leak_check_files, leak_check_prompts, split_examples,
+                                         write_dataset)
     from meshlm.safety.spec import load_spec
     from meshlm.safety.synth import SynthSizes, synthesize
 
     spec = load_spec(spec_path or None)
     sizes = sizes or SynthSizes()
-    files = leak_check_files(heldout)
+    files = leak_check_files(heldout, facts)
     split = split_examples(synthesize(spec, seed, sizes), seed, eval_group_fraction,
-                           extra_eval_prompts=leak_check_prompts(files), max_refuse_share=sizes.max_refuse_share)
+                           extra_eval_prompts=leak_check_prompts(files), max_refuse_share=sizes.max_refuse_share,
+                           facts=leak_check_facts(files))
     extra = {"seed": seed, "spec": spec.path, "spec_version": spec.version, "spec_sha256": spec.sha256,
              "near_duplicate_check_against": [str(f) for f in files]}
     return write_dataset(split, out, extra)
@@ -224,7 +226,7 @@ def _probes(cfg: AlignConfig, data: Path) -> list[dict]:
 
     manifest = json.loads((data / "manifest.json").read_text())
     avoid = [r["prompt"] for r in read_heldout(data / "eval_prompts.jsonl")]
-    avoid += leak_check_prompts(leak_check_files(cfg.eval.heldout))
+    avoid += leak_check_prompts(leak_check_files(cfg.eval.heldout, _own_facts(cfg)))
     return probe_rows(load_spec(cfg.spec.path or None), manifest.get("eval_groups", []), avoid,
                       cfg.dpo.probe_prompts, cfg.data.seed)
 
@@ -350,13 +352,20 @@ def run_pipeline(cfg: AlignConfig, run_dir: Path, *, resume: bool = False, log: 
     return report
 
 
+def _own_facts(cfg: AlignConfig) -> str:
+    """The config's own factual questions file for the leak check ("" for the shipped one or none: the shipped
+    factual sets are checked always)."""
+    return "" if cfg.eval.facts == "none" else cfg.eval.facts
+
+
 def _dataset(cfg: AlignConfig, data: Path, resume: bool) -> dict:
     from meshlm.safety.synth import SynthSizes
 
     if not (resume and (data / "manifest.json").is_file()):
         sizes = SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer,
                            max_refuse_share=cfg.data.max_refuse_share)
-        make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout, cfg.data.eval_group_fraction)
+        make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout, cfg.data.eval_group_fraction,
+                     _own_facts(cfg))
     return json.loads((data / "manifest.json").read_text())
 
 
