@@ -227,6 +227,22 @@ def test_admin_requires_the_token(stack):
         stack.main.log.read_text()
 
 
+def test_the_next_turn_of_a_chat_prefills_only_its_new_tokens(stack):
+    client = stack.client()
+    messages = [{"role": "system", "content": "You answer questions about the river and its boats, briefly."},
+                {"role": "user", "content": "Where does the river start?"}]
+    before = stack.admin("GET", "/admin/status").json()["loaded"]["tiny:v1"]["prefix_cache"]
+    first = client.chat.completions.create(model="tiny:v1", messages=messages, max_tokens=4, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And where does it end?"}]
+    client.chat.completions.create(model="tiny:v1", messages=messages, max_tokens=4, temperature=0)
+    after = stack.admin("GET", "/admin/status").json()["loaded"]["tiny:v1"]["prefix_cache"]
+    assert after["hits"] >= before["hits"] + 1 and after["max_bytes"] == 256 << 20
+    # the second turn reused at least the whole first prompt (it starts with it)
+    assert after["tokens_reused"] - before["tokens_reused"] >= first.usage.prompt_tokens
+    assert "prefix cache up to 256 MiB" in stack.main.log.read_text()
+
+
 def _version_of(client, user: str) -> str:
     return chat(client, "hi", max_tokens=1, user=user).system_fingerprint
 

@@ -171,3 +171,6 @@ def test_a_bad_drain_timeout_is_a_one_line_error(tmp_path):
     done = meshlm_in_process("serve", "--registry", str(tmp_path / "reg.sqlite"), "--model", "x:v1",
                              "--drain-timeout", "-1")
     assert done.returncode == 2 and "--drain-timeout -1" in done.stderr and "Traceback" not in done.stderr
+    done = meshlm_in_process("serve", "--registry", str(tmp_path / "reg.sqlite"), "--model", "x:v1",
+                             "--prefix-cache-mb", "-5")
+    assert done.returncode == 2 and "--prefix-cache-mb -5" in done.stderr and "Traceback" not in done.stderr

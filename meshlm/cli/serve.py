@@ -38,6 +38,10 @@ def register(sub, add_config_args) -> None:
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting per model before new ones get 429 (default 64)")
     p.add_argument("--max-tokens-cap", type=int, default=1024, help="the largest max_tokens a request may ask for")
+    p.add_argument("--prefix-cache-mb", type=int, default=256,
+                   help="MiB per local model for the keys and values of recent prompts: a prompt that starts like "
+                        "one of them (a system prompt, the turns before) prefills only its new tokens (default "
+                        "256; 0 turns it off; docs/serving.md, 'Prefix cache')")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT: seconds the requests in flight get to finish while new ones get 503 "
                         "(default 30)")
@@ -72,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
                         ("--max-tokens-cap", args.max_tokens_cap)):
         if value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")
+    if not 0 <= args.prefix_cache_mb <= 1 << 20:
+        raise ConfigError(f"--prefix-cache-mb {args.prefix_cache_mb}: give 0 (off) to 1048576 MiB")
     if not 0 <= args.drain_timeout <= 3600:
         raise ConfigError(f"--drain-timeout {args.drain_timeout}: give 0..3600 seconds")
     if not 0 <= args.port < 65536:
@@ -84,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                            port_file=args.port_file, audit=audit, admin_token=read_token(args.admin_token_file),
                            force=args.force, device=args.device, max_batch=args.max_batch,
                            max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap, weights=args.weights,
-                           drain_timeout=args.drain_timeout, audit_key=audit_key)
+                           drain_timeout=args.drain_timeout, audit_key=audit_key,
+                           prefix_cache_mb=args.prefix_cache_mb)
     serve(options)
     return 0

@@ -38,6 +38,7 @@ from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
 from meshlm.serve.decode import TextStream, pick_tokens, prompt_logprobs, token_logprob
 from meshlm.serve.memory import trim_heap
+from meshlm.serve.prefix import PrefixCache
 from meshlm.serve.protocol import ApiError, Delta, Event, Failed, Finished, TokenLogprob, overloaded
 from meshlm.tokenizer import MeshTokenizer
 
@@ -97,8 +98,10 @@ class BatchEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: MeshTokenizer, *, max_batch: int = 16,
                  max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine",
-                 bank: AdapterBank | None = None, weights: str = "fp32") -> None:
+                 bank: AdapterBank | None = None, weights: str = "fp32", prefix_cache_bytes: int = 0) -> None:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
+        # prompts' keys and values kept for later prompts that start the same (0 bytes: off; meshlm/serve/prefix.py)
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         # last-position logits on packed weights (meshlm/generate/decode.py); int8: meshlm/generate/int8.py
         self._fast = fast_forward(model, weights)
         # Every pack the engine multiplies, made now (at load), not in the first request's time: the one-row (or
@@ -171,6 +174,8 @@ class BatchEngine:
             stats = dict(self._stats)
             stats.update(active=len(self._rows), queued=len(self._pending), max_batch=self.max_batch,
                          max_queue=self.max_queue, pack_bytes=self.pack_bytes)
+            if self.prefixes is not None:
+                stats["prefix_cache"] = self.prefixes.status()
         steps = stats["decode_steps"]
         stats["mean_batch"] = round(stats.pop("batch_rows") / steps, 2) if steps else 0.0
         return stats
@@ -241,18 +246,30 @@ class BatchEngine:
 
     def _join(self, joining: list[Sequence]) -> None:
         """Prefill ``joining`` together (one row per request), copy the rows of requests with n > 1, sample their
-        first tokens and merge them into the batch."""
+        first tokens and merge them into the batch. Prompts that start with a kept prompt prefill only the rest
+        (:mod:`meshlm.serve.prefix`)."""
         first: dict[int, int] = {}  # request (group) -> its prefill row
         row_of = [first.setdefault(id(s.group), len(first)) for s in joining]
         unique = [joining[row_of.index(r)] for r in range(len(first))]
         # the prompt's own logits only for echo with logprobs; every other prefill needs its last position only
-        net = self._forward(full=any(s.echo is not None and s.sampling.logprobs is not None for s in unique))
+        full = any(s.echo is not None and s.sampling.logprobs is not None for s in unique)
+        net = self._forward(full=full)
         ids, real = left_pad([s.prompt for s in unique], self.pad_id, self.device)  # (U, P) each
         U, P = ids.shape
-        positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (U, P)
         cache = self.model.new_cache(U, P, device=self.device)
-        with self._adapters(unique):
-            logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P|1, V)
+        reuse = self.prefixes is not None and not full
+        found = [self.prefixes.find(s.prompt) if reuse and s.adapter == 0 else None for s in unique]
+        if any(f is not None for f in found):
+            logits = self._prefill_reusing(unique, found, net, cache, P)  # (U, 1, V)
+        else:
+            positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (U, P)
+            with self._adapters(unique):
+                logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P|1, V)
+        if reuse:
+            for u, seq in enumerate(unique):
+                if seq.adapter == 0:
+                    n = len(seq.prompt)
+                    self.prefixes.store(seq.prompt, [c.k[u, :, P - n:] for c in cache], [c.v[u, :, P - n:] for c in cache])
         self._stats["prefills"] += 1
         self._stats["prefill_rows"] += U
         if U < len(joining):  # n > 1: copy each request's KV rows to its other choices
@@ -262,6 +279,39 @@ class BatchEngine:
         self._echo(joining, [logits[r] for r in row_of])
         self._merge(joining, cache, real)  # from here on the rows are in the batch: they fail one by one
         self._accept(joining, logits[row_of, -1], range(len(self._rows) - len(joining), len(self._rows)))
+
+    def _prefill_reusing(self, unique: list[Sequence], found: list, net: Callable[..., torch.Tensor],
+                         cache: list[KVCache], P: int) -> torch.Tensor:
+        """Fill ``cache`` (U rows, right-aligned to P slots) and return the last prompt position's logits (U, 1, V):
+        prompts without a kept prefix prefill together as usual, each one with a kept prefix copies it and runs
+        only its remaining tokens."""
+        last: list[torch.Tensor] = [torch.empty(0)] * len(unique)
+        cold = [u for u, f in enumerate(found) if f is None]
+        if cold:
+            ids, real = left_pad([unique[u].prompt for u in cold], self.pad_id, self.device)
+            part = self.model.new_cache(len(cold), ids.shape[1], device=self.device)
+            positions = (real.long().cumsum(1) - 1).clamp(min=0)
+            with self._adapters([unique[u] for u in cold]):
+                logits = net(ids, cache=part, start_pos=0, position_ids=positions, padding_mask=real)
+            for i, u in enumerate(cold):
+                for c, p in zip(cache, part):
+                    c.k[u, :, P - ids.shape[1]:], c.v[u, :, P - ids.shape[1]:] = p.k[i], p.v[i]
+                last[u] = logits[i, -1:]
+        for u, f in enumerate(found):
+            if f is None:
+                continue
+            kept, keys, values = f
+            prompt = unique[u].prompt
+            one = self.model.new_cache(1, len(prompt), device=self.device)
+            for c, k, v in zip(one, keys, values):
+                c.k[0, :, :kept], c.v[0, :, :kept] = k, v
+            rest = torch.tensor([prompt[kept:]], dtype=torch.long, device=self.device)
+            with self._adapters([unique[u]]):
+                logits = net(rest, cache=one, start_pos=kept)
+            for c, o in zip(cache, one):
+                c.k[u, :, P - len(prompt):], c.v[u, :, P - len(prompt):] = o.k[0], o.v[0]
+            last[u] = logits[0, -1:]
+        return torch.stack(last)
 
     def _echo(self, joining: list[Sequence], logits: list[torch.Tensor]) -> None:
         """Send the prompt first (completions with echo), with its tokens' log-probs when asked for."""

@@ -46,6 +46,7 @@ class ServeOptions:
     weights: str = "fp32"  # the decode path's weight format (meshlm/generate/int8.py)
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     audit_key: bytes | None = None  # keys the audit chain (hmac-sha256; meshlm/serve/audit_keys.py)
+    prefix_cache_mb: int = 256  # per local model: recent prompts' keys and values (meshlm/serve/prefix.py); 0: off
 
 
 def make_loader(opts: ServeOptions, registry=None):
@@ -63,12 +64,13 @@ def make_loader(opts: ServeOptions, registry=None):
     async def local(entry) -> LocalBackend:
         backend = await anyio.to_thread.run_sync(lambda: LocalBackend.load(
             entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
-            max_queue=opts.max_queue, weights=opts.weights))
+            max_queue=opts.max_queue, weights=opts.weights, prefix_cache_bytes=opts.prefix_cache_mb << 20))
         bases[entry.ref] = backend
         # Its decode packs were made while loading (meshlm/serve/engine.py): say what they hold (GET /admin/status:
         # loaded.<version>.pack_bytes).
         print(f"meshlm serve: loaded {entry.ref} on {device}, {opts.weights} decode packs made at load: "
-              f"{backend.engine.pack_bytes / 2**20:.1f} MiB beyond the weights", file=sys.stderr, flush=True)
+              f"{backend.engine.pack_bytes / 2**20:.1f} MiB beyond the weights; prefix cache up to "
+              f"{opts.prefix_cache_mb} MiB", file=sys.stderr, flush=True)
         return backend
 
     async def load(entry):
