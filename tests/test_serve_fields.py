@@ -73,6 +73,10 @@ def start_in_process(registry: Registry, refs: list[str], admin_token: str | Non
     audit = NullAudit()
     server = Server(router, audit, admin_token, log=audit.lines.append)  # the server's log lines, for debugging
     sock = socket.socket()
+    # A fixed send buffer for the accepted connections (they inherit it): autotuned, the kernel's grows up to
+    # tcp_wmem's 4 MB, which can hold a whole stream a test's client never reads, so the server would never see the
+    # client stop reading (test_serve_isolation's bound on unread events).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     uv = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", access_log=False, lifespan="off"))
