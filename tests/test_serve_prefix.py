@@ -129,3 +129,21 @@ def test_echo_with_logprobs_prefills_whole_and_an_engine_without_the_cache_keeps
         assert plain.prefixes is None and "prefix_cache" not in plain.status()
     finally:
         plain.close()
+
+
+def test_a_failing_cache_costs_the_reuse_not_the_answer():
+    model = tiny_model(max_seq_len=64)
+    engine = BatchEngine(model, DigitTokenizer(), max_batch=4, max_queue=4, prefix_cache_bytes=1 << 20)
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no room for the kept keys")
+
+    engine.prefixes.store = broken
+    prompts = [SYSTEM + [1, 2], SYSTEM + [3, 4]]
+    try:
+        got = _run(engine, prompts, 4)
+        stats = engine.status()["prefix_cache"]
+    finally:
+        engine.close()
+    assert got == [generate(model, p, 4, greedy=True) for p in prompts]  # both answered, whole prefills
+    assert stats["errors"] == 2 and stats["hits"] == 0 and stats["entries"] == 0

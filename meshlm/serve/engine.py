@@ -254,25 +254,17 @@ class BatchEngine:
         # the prompt's own logits only for echo with logprobs; every other prefill needs its last position only
         full = any(s.echo is not None and s.sampling.logprobs is not None for s in unique)
         net = self._forward(full=full)
-        ids, real = left_pad([s.prompt for s in unique], self.pad_id, self.device)  # (U, P) each
-        U, P = ids.shape
-        cache = self.model.new_cache(U, P, device=self.device)
         reuse = self.prefixes is not None and not full
-        found = [self.prefixes.find(s.prompt) if reuse and s.adapter == 0 else None for s in unique]
+        found = [self._kept(s) if reuse else None for s in unique]
         if any(f is not None for f in found):
-            logits = self._prefill_reusing(unique, found, net, cache, P)  # (U, 1, V)
+            logits, cache, real = self._prefill_reusing(unique, found, net)  # (U, 1, V)
         else:
-            positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (U, P)
-            with self._adapters(unique):
-                logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)  # (U, P|1, V)
+            logits, cache, real = self._prefill(unique, net)  # (U, P|1, V)
         if reuse:
-            for u, seq in enumerate(unique):
-                if seq.adapter == 0:
-                    n = len(seq.prompt)
-                    self.prefixes.store(seq.prompt, [c.k[u, :, P - n:] for c in cache], [c.v[u, :, P - n:] for c in cache])
+            self._keep(unique, cache)
         self._stats["prefills"] += 1
-        self._stats["prefill_rows"] += U
-        if U < len(joining):  # n > 1: copy each request's KV rows to its other choices
+        self._stats["prefill_rows"] += len(unique)
+        if len(unique) < len(joining):  # n > 1: copy each request's KV rows to its other choices
             index = torch.tensor(row_of, device=self.device)
             cache = [_kv(c.k[index], c.v[index]) for c in cache]
             real = real[index]
@@ -280,22 +272,29 @@ class BatchEngine:
         self._merge(joining, cache, real)  # from here on the rows are in the batch: they fail one by one
         self._accept(joining, logits[row_of, -1], range(len(self._rows) - len(joining), len(self._rows)))
 
-    def _prefill_reusing(self, unique: list[Sequence], found: list, net: Callable[..., torch.Tensor],
-                         cache: list[KVCache], P: int) -> torch.Tensor:
-        """Fill ``cache`` (U rows, right-aligned to P slots) and return the last prompt position's logits (U, 1, V):
-        prompts without a kept prefix prefill together as usual, each one with a kept prefix copies it and runs
-        only its remaining tokens."""
+    def _prefill(self, rows: list[Sequence], net: Callable[..., torch.Tensor]):
+        """One forward over ``rows``' prompts, left-padded: (logits, per-layer cache (R, Hkv, P, Dh), real (R, P))."""
+        ids, real = left_pad([s.prompt for s in rows], self.pad_id, self.device)  # (R, P) each
+        cache = self.model.new_cache(*ids.shape, device=self.device)
+        positions = (real.long().cumsum(1) - 1).clamp(min=0)  # (R, P)
+        with self._adapters(rows):
+            logits = net(ids, cache=cache, start_pos=0, position_ids=positions, padding_mask=real)
+        return logits, cache, real
+
+    def _prefill_reusing(self, unique: list[Sequence], found: list, net: Callable[..., torch.Tensor]):
+        """As :meth:`_prefill` with the last position's logits only (U, 1, V): prompts without a kept prefix
+        prefill together as usual, each one with a kept prefix copies it and runs only its remaining tokens."""
+        _, real = left_pad([s.prompt for s in unique], self.pad_id, self.device)
+        P = real.shape[1]
+        cache = self.model.new_cache(len(unique), P, device=self.device)
         last: list[torch.Tensor] = [torch.empty(0)] * len(unique)
         cold = [u for u, f in enumerate(found) if f is None]
         if cold:
-            ids, real = left_pad([unique[u].prompt for u in cold], self.pad_id, self.device)
-            part = self.model.new_cache(len(cold), ids.shape[1], device=self.device)
-            positions = (real.long().cumsum(1) - 1).clamp(min=0)
-            with self._adapters([unique[u] for u in cold]):
-                logits = net(ids, cache=part, start_pos=0, position_ids=positions, padding_mask=real)
+            logits, part, _ = self._prefill([unique[u] for u in cold], net)
+            W = part[0].k.shape[2]
             for i, u in enumerate(cold):
                 for c, p in zip(cache, part):
-                    c.k[u, :, P - ids.shape[1]:], c.v[u, :, P - ids.shape[1]:] = p.k[i], p.v[i]
+                    c.k[u, :, P - W:], c.v[u, :, P - W:] = p.k[i], p.v[i]
                 last[u] = logits[i, -1:]
         for u, f in enumerate(found):
             if f is None:
@@ -311,7 +310,31 @@ class BatchEngine:
             for c, o in zip(cache, one):
                 c.k[u, :, P - len(prompt):], c.v[u, :, P - len(prompt):] = o.k[0], o.v[0]
             last[u] = logits[0, -1:]
-        return torch.stack(last)
+        return torch.stack(last), cache, real
+
+    def _kept(self, seq: Sequence):
+        """The longest kept prefix of ``seq``'s prompt (PrefixCache.find), or None: rows of a LoRA adapter prefill
+        whole, and a failing lookup costs the request its reuse, never its answer (counted as an error)."""
+        if seq.adapter != 0:
+            return None
+        try:
+            return self.prefixes.find(seq.prompt)
+        except Exception:  # noqa: BLE001 - the cache is a speed-up; the request prefills whole instead
+            self.prefixes.stats["errors"] += 1
+            return None
+
+    def _keep(self, rows: list[Sequence], cache: list[KVCache]) -> None:
+        """Keep each base row's prompt keys and values (right-aligned in ``cache``); a failure to keep one (memory)
+        is counted, never passed to the requests."""
+        P = cache[0].k.shape[2]
+        for u, seq in enumerate(rows):
+            if seq.adapter != 0:
+                continue
+            n = len(seq.prompt)
+            try:
+                self.prefixes.store(seq.prompt, [c.k[u, :, P - n:] for c in cache], [c.v[u, :, P - n:] for c in cache])
+            except Exception:  # noqa: BLE001 - as in _kept
+                self.prefixes.stats["errors"] += 1
 
     def _echo(self, joining: list[Sequence], logits: list[torch.Tensor]) -> None:
         """Send the prompt first (completions with echo), with its tokens' log-probs when asked for."""

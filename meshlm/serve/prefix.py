@@ -45,7 +45,7 @@ class PrefixCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
         self._next = 0
         self.bytes = 0
-        self.stats = {"lookups": 0, "hits": 0, "tokens_reused": 0, "stored": 0, "evicted": 0}
+        self.stats = {"lookups": 0, "hits": 0, "tokens_reused": 0, "stored": 0, "evicted": 0, "errors": 0}
 
     def __len__(self) -> int:
         return len(self._entries)
