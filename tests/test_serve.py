@@ -333,7 +333,7 @@ def test_overload_is_429_with_retry_after(stack):
     for t in threads:
         t.join()
     codes = sorted(r.status_code for r in results)
-    assert set(codes) == {200, 429} and codes.count(200) >= 2, codes
+    assert set(codes) == {200, 429}, codes  # how many get in depends on timing: test_serve_engine pins it
     busy = next(r for r in results if r.status_code == 429)
     assert int(busy.headers["retry-after"]) >= 1 and busy.json()["error"]["type"] == "rate_limit_error"
 

@@ -81,6 +81,39 @@ def test_context_limit_waits_instead_of_overflowing():
     assert jobs[1][0].generated == generate(model, [3, 4], 20, greedy=True)
 
 
+def test_one_decoding_one_waiting_then_429():
+    """max_batch 1 + max_queue 1: with a row held mid-step, a second request waits and a third is a 429 with
+    Retry-After; both admitted ones finish (the over-the-wire test only sees that the codes are 200 and 429)."""
+    from meshlm.serve.protocol import ApiError
+
+    model = tiny_model()
+    entered, release = threading.Event(), threading.Event()
+
+    engine = BatchEngine(model, DigitTokenizer(), max_batch=1, max_queue=1)
+    step = engine._step
+
+    def held_step() -> None:  # the engine thread waits inside its decode step until the test lets it go
+        entered.set()
+        release.wait(60)
+        step()
+    engine._step = held_step
+    try:
+        first = _collect(engine, [5, 6, 7], 4, Sampling(temperature=0.0))
+        assert entered.wait(60)  # the first row has joined and the engine is in its step: it decodes, nothing waits
+        second = _collect(engine, [8, 9], 4, Sampling(temperature=0.0))
+        try:
+            _collect(engine, [1, 2], 4, Sampling(temperature=0.0))
+            raise AssertionError("a third request was admitted beside one decoding and one waiting")
+        except ApiError as err:
+            assert err.status == 429 and err.retry_after >= 1, err
+        release.set()
+        assert first[1].wait(60) and second[1].wait(60)
+    finally:
+        release.set()
+        engine.close()
+    assert second[0].generated == generate(model, [8, 9], 4, greedy=True)
+
+
 def test_eos_and_seeded_sampling():
     model = tiny_model()
     engine = BatchEngine(model, DigitTokenizer(), max_batch=4, max_queue=4)
