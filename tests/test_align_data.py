@@ -267,3 +267,29 @@ def test_the_manifest_names_every_evaluation_file_once():
     # every held-out prompt file is a prompt set, and the leak check reads them all
     assert {p.name for p in data.glob("heldout_prompts*.jsonl")} == set(evalsets.names("prompts"))
     assert [p.name for p in leak_check_files()] == sorted(evalsets.names("prompts")) + sorted(evalsets.names("factual"))
+
+
+def test_attack_share_keys_reach_the_synthesis_and_are_checked():
+    """data.attack_share / attack_share_answer: the share of refuse / answer prompts also written inside an attack
+    frame (same response); twice the share gives about twice the framed refuse prompts (no refuse cap here); out
+    of [0, 1] is an error."""
+    from meshlm.errors import ConfigError
+    from meshlm.safety.align_config import load_align_config
+    from meshlm.safety.pipeline import synth_sizes
+    from meshlm.safety.spec import load_spec
+    from meshlm.safety.synth import synthesize
+
+    spec = load_spec(None)
+    framed = {}
+    for share in (0.35, 0.7):
+        cfg = load_align_config(None, ["data.refuse=20", "data.warn=2", "data.answer=4", f"data.attack_share={share}",
+                                       "data.attack_share_answer=0", "data.max_refuse_share=1"])
+        sizes = synth_sizes(cfg)
+        assert (sizes.attack_fraction_refuse, sizes.attack_fraction_answer) == (share, 0)
+        rows = synthesize(spec, 0, sizes)
+        framed[share] = sum(ex.family != "direct" for ex in rows if ex.policy == "refuse")
+        assert not any(ex.family != "direct" for ex in rows if ex.policy == "answer")
+    assert 1.7 <= framed[0.7] / framed[0.35] <= 2.3, framed
+    for key in ("attack_share", "attack_share_answer"):
+        with pytest.raises(ConfigError, match=f"data.{key} = 1.5: must be in \\[0, 1\\]"):
+            load_align_config(None, [f"data.{key}=1.5"])

@@ -61,12 +61,19 @@ class DataSection:
     eval_group_fraction: float = option(0.1, "Share of each category's subjects held out for eval_prompts.jsonl.")
     max_refuse_share: float = option(MAX_REFUSE_SHARE, "Refuse prompts at most this share of the synthesised prompts and of the "
                                      "SFT rows; 1 turns the cap off.")
+    attack_share: float = option(0.35, "Share of each refuse category's prompts also written inside a jailbreak "
+                                       "frame (roleplay, hypothetical, past tense, ...; the response stays a refusal).")
+    attack_share_answer: float = option(0.12, "Share of each answer category's prompts also written inside a "
+                                              "jailbreak frame (the response stays the answer: a frame decides nothing).")
 
     def validate(self) -> None:
         if min(self.refuse, self.warn, self.answer) < 1 or not 0 <= self.eval_group_fraction < 1:
             raise ConfigError("data.refuse/warn/answer must be >= 1 and data.eval_group_fraction in [0, 1)")
         if not 0 < self.max_refuse_share <= 1:
             raise ConfigError(f"data.max_refuse_share = {self.max_refuse_share}: must be in (0, 1] (1: no cap)")
+        for key in ("attack_share", "attack_share_answer"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"data.{key} = {getattr(self, key)}: must be in [0, 1]")
 
 
 @dataclass

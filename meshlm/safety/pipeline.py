@@ -358,14 +358,19 @@ def _own_facts(cfg: AlignConfig) -> str:
     return "" if cfg.eval.facts == "none" else cfg.eval.facts
 
 
-def _dataset(cfg: AlignConfig, data: Path, resume: bool) -> dict:
+def synth_sizes(cfg: AlignConfig):
+    """The synthesis sizes of an align config's [data] table."""
     from meshlm.safety.synth import SynthSizes
 
+    return SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer,
+                      max_refuse_share=cfg.data.max_refuse_share, attack_fraction_refuse=cfg.data.attack_share,
+                      attack_fraction_answer=cfg.data.attack_share_answer)
+
+
+def _dataset(cfg: AlignConfig, data: Path, resume: bool) -> dict:
     if not (resume and (data / "manifest.json").is_file()):
-        sizes = SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer,
-                           max_refuse_share=cfg.data.max_refuse_share)
-        make_dataset(cfg.spec.path, data, cfg.data.seed, sizes, cfg.eval.heldout, cfg.data.eval_group_fraction,
-                     _own_facts(cfg))
+        make_dataset(cfg.spec.path, data, cfg.data.seed, synth_sizes(cfg), cfg.eval.heldout,
+                     cfg.data.eval_group_fraction, _own_facts(cfg))
     return json.loads((data / "manifest.json").read_text())
 
 
