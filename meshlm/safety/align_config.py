@@ -14,7 +14,7 @@ from meshlm.config.loader import apply_overrides, read_toml
 from meshlm.config.posttrain import LORA_TARGETS
 from meshlm.errors import ConfigError, UserError
 from meshlm.safety.attacks import names as attack_families
-from meshlm.safety.synth import MAX_REFUSE_SHARE
+from meshlm.safety.synth import MAX_REFUSE_SHARE, SynthSizes
 from meshlm.safety.taxonomy import LABELS, POLICIES, label_pairs
 from meshlm.sections import did_you_mean, dumps_toml, from_dict, option, to_dict
 
@@ -61,9 +61,9 @@ class DataSection:
     eval_group_fraction: float = option(0.1, "Share of each category's subjects held out for eval_prompts.jsonl.")
     max_refuse_share: float = option(MAX_REFUSE_SHARE, "Refuse prompts at most this share of the synthesised prompts and of the "
                                      "SFT rows; 1 turns the cap off.")
-    attack_share: float = option(0.35, "Share of each refuse category's prompts also written inside a jailbreak "
+    attack_share: float = option(SynthSizes.attack_fraction_refuse, "Share of each refuse category's prompts also written inside a jailbreak "
                                        "frame (roleplay, hypothetical, past tense, ...; the response stays a refusal).")
-    attack_share_answer: float = option(0.12, "Share of each answer category's prompts also written inside a "
+    attack_share_answer: float = option(SynthSizes.attack_fraction_answer, "Share of each answer category's prompts also written inside a "
                                               "jailbreak frame (the response stays the answer: a frame decides nothing).")
 
     def validate(self) -> None:

@@ -33,6 +33,7 @@ from meshlm.fileio import atomic_write_text
 from meshlm.safety.align_config import AlignConfig, lora_table
 from meshlm.safety.cache import AlignCache
 from meshlm.safety.metrics import HEADLINE
+from meshlm.safety.synth import SynthSizes
 
 Log = Callable[[str], None]
 MODELS = ("base", "sft", "dpo")
@@ -45,7 +46,7 @@ def make_dataset(spec_path: str, out: Path, seed: int, sizes=None, heldout: str 
     from meshlm.safety.datasets import (leak_check_facts, leak_check_files, leak_check_prompts, split_examples,
                                          write_dataset)
     from meshlm.safety.spec import load_spec
-    from meshlm.safety.synth import SynthSizes, synthesize
+    from meshlm.safety.synth import synthesize
 
     spec = load_spec(spec_path or None)
     sizes = sizes or SynthSizes()
@@ -358,10 +359,8 @@ def _own_facts(cfg: AlignConfig) -> str:
     return "" if cfg.eval.facts == "none" else cfg.eval.facts
 
 
-def synth_sizes(cfg: AlignConfig):
+def synth_sizes(cfg: AlignConfig) -> SynthSizes:
     """The synthesis sizes of an align config's [data] table."""
-    from meshlm.safety.synth import SynthSizes
-
     return SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer,
                       max_refuse_share=cfg.data.max_refuse_share, attack_fraction_refuse=cfg.data.attack_share,
                       attack_fraction_answer=cfg.data.attack_share_answer)
