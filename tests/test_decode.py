@@ -64,6 +64,54 @@ def test_logits_equal_the_plain_forward_at_prefill_and_each_step(arch):
             torch.testing.assert_close(fast(token, cache=fast_cache, start_pos=pos), want, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_row_pack_split_by_columns_keeps_the_logits(arch, splits, monkeypatch):
+    """The row pack's matrices in ``splits`` column blocks (split.py; a CPU's cores decide how many, so both are
+    forced here: 3 pads every odd width, e.g. the 97-token head) give the plain forward's logits at every step."""
+    import meshlm.generate.packed as packed
+    from meshlm.generate.split import SplitMatrix
+
+    monkeypatch.setattr(packed, "row_splits", lambda device: splits)
+    model = tiny(**ARCHS[arch])
+    fast = fast_forward(model)
+    pack = packed_weights(model, 1)
+    assert isinstance(pack.head, SplitMatrix) == (splits > 1)
+    assert all(isinstance(m, SplitMatrix) == (splits > 1) for layer in pack.layers
+               for m in (*layer.wqkv, layer.wo, *layer.w13, layer.w2))
+    slow_cache, fast_cache = model.new_cache(1, 20), model.new_cache(1, 20)
+    token = torch.tensor([[5]])
+    with torch.no_grad():
+        model(torch.tensor([[5, 17, 3]]), cache=slow_cache, start_pos=0)
+        fast(torch.tensor([[5, 17, 3]]), cache=fast_cache, start_pos=0)
+        for pos in range(3, 12):  # one-row steps: the row pack
+            want = model(token, cache=slow_cache, start_pos=pos)
+            torch.testing.assert_close(fast(token, cache=fast_cache, start_pos=pos), want, atol=ATOL, rtol=0)
+            token = want[:, -1].argmax(-1, keepdim=True)
+    for prompt in PROMPTS:
+        assert generate(model, prompt, 12, greedy=True) == generate(model, prompt, 12, greedy=True, fast=False)
+
+
+def test_split_matrix_is_the_product_of_its_matrix():
+    from meshlm.generate.split import SplitMatrix, row_splits
+
+    g = torch.Generator().manual_seed(0)
+    for rows, cols, splits in ((6, 10, 2), (6, 11, 3), (5, 7, 8), (4, 9, 1)):
+        w = torch.randn(rows, cols, generator=g)
+        m = SplitMatrix(w, splits)
+        assert m.shape == (rows, cols) and torch.equal(m.dense(), w)
+        assert m.nbytes() == splits * rows * -(-cols // splits) * 4  # the padded blocks, counted as held
+        for n in (1, 3):
+            x = torch.randn(n, rows, generator=g)
+            got = m(x)
+            assert got.shape == (n, cols) and got.is_contiguous()
+            torch.testing.assert_close(got, x @ w, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="splits >= 1"):
+        SplitMatrix(torch.zeros(2, 2), 0)
+    assert row_splits(torch.device("meta")) == 1  # not a CPU: one block
+    assert 1 <= row_splits(torch.device("cpu")) <= 8
+
+
 @pytest.mark.parametrize("arch, rows", [("llama", 1), ("qwen2-bias", 1), ("mistral-window", 4), ("qwen2-bias", 8),
                                         ("llama", 8)])
 def test_padded_batch_logits_equal_the_plain_forward(arch, rows):
@@ -148,10 +196,9 @@ def test_thread_policy_follows_the_measured_table():
     cpu = torch.device("cpu")
     for batch, length in ((1, 1), (64, 1), (1, 32), (1, 512), (16, 32)):  # measured on an oversubscribed CPU
         assert forward_threads(batch, length, cpu, 2, oversubscribed=True) == 1
-    assert forward_threads(1, 1, cpu, 4, oversubscribed=False) == 1  # one sequence's decode step: one thread always
-    # a quiet machine's batches and prefills keep the process's threads (two beat one there: 71 vs 104 ms for a
-    # 32-token prompt, 64 vs 89 ms for a 16-row step)
-    for batch, length in ((16, 1), (4, 1), (1, 8), (1, 32), (1, 129)):
+    # a quiet machine's forwards keep the process's threads (two beat one there: 71 vs 104 ms for a 32-token
+    # prompt, 64 vs 89 ms for a 16-row step; a one-row step's products 11 vs 22 ms since they are split by columns)
+    for batch, length in ((1, 1), (16, 1), (4, 1), (1, 8), (1, 32), (1, 129)):
         assert forward_threads(batch, length, cpu, 4, oversubscribed=False) == 4
     assert forward_threads(1, ONE_THREAD_MAX_ROWS + 1, cpu, 2, oversubscribed=True) == 2  # beyond the table
     assert forward_threads(32, 32, cpu, 4, oversubscribed=True) == 4
@@ -162,11 +209,36 @@ def test_oversubscription_is_read_from_the_load_average(monkeypatch):
     import meshlm.generate.decode as decode
 
     cores = len(os.sched_getaffinity(0))
-    for load, expected in ((cores + 0.5, True), (max(cores - 0.5, 0.0), False)):
+    for load, expected in ((cores - 0.5, True), (max(cores - 1.5, 0.0), False)):
         monkeypatch.setattr(decode.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
-        monkeypatch.setattr(decode, "_load_seen", [float("-inf"), 0.0])
+        monkeypatch.setattr(decode, "_load_seen", [float("-inf"), 0.0, 0.0, 0.0])
         assert decode.cpu_oversubscribed() is expected
         assert decode.forward_threads(16, 1, torch.device("cpu"), 2) == (1 if expected else 2)
+
+
+def test_the_process_own_load_is_not_read_as_oversubscription(monkeypatch):
+    """Regression: the load average counts this process's own busy threads, so a two-thread decode on a quiet
+    two-core machine read its own load (~2) as oversubscription and fell back to one thread a minute later."""
+    import meshlm.generate.decode as decode
+
+    cores = len(os.sched_getaffinity(0))
+    clock = {"wall": 1000.0, "cpu": 50.0}
+    monkeypatch.setattr(decode.time, "monotonic", lambda: clock["wall"])
+    monkeypatch.setattr(decode.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(decode, "_load_seen", [float("-inf"), 0.0, 0.0, 0.0])
+    load = {"now": 0.2}
+    monkeypatch.setattr(decode.os, "getloadavg", lambda: (load["now"], 0.0, 0.0))
+    assert decode.cpu_oversubscribed() is False
+    for _ in range(300):  # five minutes of this process alone using every core: the load average follows it
+        clock["wall"] += 1.0
+        clock["cpu"] += cores
+        load["now"] = cores + 0.2
+        decode.cpu_oversubscribed()
+    assert decode.cpu_oversubscribed() is False  # the load is this process's own
+    for _ in range(300):  # then it idles while other processes hold every core
+        clock["wall"] += 1.0
+        decode.cpu_oversubscribed()
+    assert decode.cpu_oversubscribed() is True
 
 
 def test_forwards_run_on_the_policy_threads_and_restore_the_count(monkeypatch):

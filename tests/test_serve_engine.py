@@ -5,7 +5,6 @@ leak; per-row sampling follows each request's seed, temperature and top-p."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -51,15 +50,27 @@ def test_joining_rows_decode_what_they_would_alone():
     greedy = Sampling(temperature=0.0)
     prompts = [[5, 17, 3, 42], [7], list(range(10, 22)), [1, 2, 3], list(range(30, 60))]
     lengths = [20, 30, 12, 25, 18]
+    # the first two are decoding when the others arrive: the engine's step waits, once the first row has 3 tokens,
+    # until the others are submitted (a busy machine's scheduling once let the second finish before they were)
+    held, release, jobs = threading.Event(), threading.Event(), []
+    step = engine._step
+
+    def held_step() -> None:
+        if jobs and len(jobs[0][0].generated) >= 3 and not release.is_set():
+            held.set()
+            release.wait(60)
+        step()
+    engine._step = held_step
     try:
-        jobs = [_collect(engine, prompts[0], lengths[0], greedy), _collect(engine, prompts[1], lengths[1], greedy)]
-        while len(jobs[0][0].generated) < 3:  # the first two are decoding when the others arrive
-            time.sleep(0.001)
+        jobs += [_collect(engine, prompts[0], lengths[0], greedy), _collect(engine, prompts[1], lengths[1], greedy)]
+        assert held.wait(60)
         jobs += [_collect(engine, p, n, greedy) for p, n in zip(prompts[2:], lengths[2:])]
         joined_mid_flight = not jobs[1][1].is_set()
+        release.set()
         for _, done in jobs:
             assert done.wait(60)
     finally:
+        release.set()
         engine.close()
     for (seq, _), prompt, n in zip(jobs, prompts, lengths):
         assert seq.generated == generate(model, prompt, n, greedy=True), prompt  # fp32: exact

@@ -19,6 +19,7 @@ pipelined models, reward heads, LoRA dropout in training mode; see packed.py); c
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -67,7 +68,8 @@ class FastForward:
         """Make now the packs that generating ``batch`` rows will multiply — the prefill's and the decode steps'
         — so that no call pays for them (the packs last while the parameters are unchanged; packed.py), and
         return the bytes they hold beyond the model's own weights (:func:`~meshlm.generate.packed.pack_bytes`:
-        SmolLM2-135M, fp32, batch 1: the row pack's copies, ~400 MB; a batch's view pack: ~0)."""
+        SmolLM2-135M, fp32, batch 1: the row pack's copies, ~540 MB in column blocks on
+        more than one core (split.py), ~400 MB on one; a batch's view pack: ~0)."""
         variants = {pack_variant(self.model, batch, self.weight_format): (batch, self.weight_format),
                     pack_variant(self.model, 1 << 20, "fp32"): (1 << 20, "fp32")}  # decode, then a prefill's
         return sum(pack_bytes(packed_weights(self.model, rows, weights), self.model)
@@ -148,23 +150,30 @@ class FastForward:
 # one-sequence prefills of 8 / 32 / 128 / 512 tokens 339 / 460 / 1,236 / 2,589 against 6,009 / 2,137 / 10,098 /
 # 11,200; prefills of 4 and 16 prompts of 32 tokens 1,230 / 3,342 against 10,650 / 27,159: one thread won at every
 # point (3-17x) while other processes held the cores. On a quiet machine (docs/benchmarks.md "The issue's targets
-# on a quiet machine", session 14, load 1.6-1.8 = the benchmark itself): a batch-1 decode step 28.4 ms on one
-# thread, 28.6 on two (session 10: 43.6 / 48.3), but batches and prefills gain from the second thread: decode
-# steps of 4 / 16 / 64 rows 31 / 89 / 233 against 21 / 64 / 156 ms, one-sequence prefills of 8 / 32 / 128 / 512
-# tokens 60 / 104 / 300 / 1,225 against 39 / 71 / 170 / 657 (a 32-token prompt's first token 1.5x later on one).
-# So: a one-sequence decode step always runs on one thread (no loss quiet, 9x gain loaded); up to
-# ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed (the 1-minute load average at least
-# the cores this process may use); anything else keeps the process's threads (a quiet machine with more cores
-# than this one has not been measured: its threads are the user's choice).
+# on a quiet machine", session 14) batches and prefills gain from the second thread: decode steps of 4 / 16 / 64
+# rows 31 / 89 / 233 against 21 / 64 / 156 ms, one-sequence prefills of 8 / 32 / 128 / 512 tokens 60 / 104 / 300 /
+# 1,225 against 39 / 71 / 170 / 657; and since the row pack's matrices are split by columns (split.py), so does a
+# one-sequence decode step (its products 22 ms on one thread, 11 on two; it tied at 28.4 / 28.6 ms before).
+# So: up to ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed (other work holds all but
+# one of the cores this process may use); anything else keeps the process's threads (a quiet machine with more
+# cores than this one has not been measured: its threads are the user's choice).
 ONE_THREAD_MAX_ROWS = 512
 _LOAD_EVERY_S = 1.0
-_load_seen: list[float] = [float("-inf"), 0.0]  # [when read, oversubscribed?] — /proc/loadavg read at most 1/s
+_LOAD_TAU_S = 60.0  # the time constant of the kernel's 1-minute load average
+# [when read, oversubscribed?, this process's CPU seconds then, its own load averaged like the kernel's]
+_load_seen: list[float] = [float("-inf"), 0.0, 0.0, 0.0]
 
 
 def cpu_oversubscribed() -> bool:
-    """Whether runnable work exceeds the cores this process may use (1-minute load average >= cores)."""
+    """Whether other work holds all but one of the cores this process may use: the 1-minute load average less this
+    process's own share of it is at least cores − 1.
+
+    The load average counts this process's own busy threads too, so a forward on two threads of a two-core machine
+    would read its own load as oversubscription and fall back to one thread a minute later. Its share is its CPU
+    seconds per second, averaged with the load average's time constant; read at most once a second."""
     now = time.monotonic()
-    if now - _load_seen[0] >= _LOAD_EVERY_S:
+    seen = _load_seen
+    if now - seen[0] >= _LOAD_EVERY_S:
         try:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
@@ -173,8 +182,13 @@ def cpu_oversubscribed() -> bool:
             load = os.getloadavg()[0]
         except OSError:  # no load average on this platform
             load = 0.0
-        _load_seen[:] = [now, float(load >= cores)]
-    return bool(_load_seen[1])
+        cpu = time.process_time()
+        if seen[0] != float("-inf"):
+            elapsed = now - seen[0]
+            keep = math.exp(-elapsed / _LOAD_TAU_S)
+            seen[3] = seen[3] * keep + (cpu - seen[2]) / elapsed * (1.0 - keep)
+        seen[:3] = [now, float(load - seen[3] >= cores - 1), cpu]
+    return bool(seen[1])
 
 
 def forward_threads(batch: int, length: int, device: torch.device, threads: int,
@@ -183,8 +197,6 @@ def forward_threads(batch: int, length: int, device: torch.device, threads: int,
     (the rule above; ``oversubscribed`` None: read from the machine's load)."""
     if device.type != "cpu" or threads == 1:
         return threads
-    if batch == 1 and length == 1:
-        return 1
     if batch * length <= ONE_THREAD_MAX_ROWS and (cpu_oversubscribed() if oversubscribed is None else oversubscribed):
         return 1
     return threads
@@ -242,7 +254,7 @@ def _mm(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def _addmm(residual: torch.Tensor, x: torch.Tensor, w) -> torch.Tensor:
-    """residual + x @ w, contiguous; the residual add rides in the GEMM (fp32) or follows it (quantized)."""
+    """residual + x @ w, contiguous; the residual add rides in the GEMM (a tensor) or follows it (a callable)."""
     if not isinstance(w, torch.Tensor):
         return w(x).add_(residual)
     if _swapped(x, w):

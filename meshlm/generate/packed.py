@@ -13,7 +13,10 @@ and figures in docs/benchmarks.md, "Decoding"), for one row x (1, in):
 
 So the **row pack** (a step of :data:`ROW_PACK_MAX_BATCH` row: a single stream's decode step) holds copies: q/k/v as one (D, (H + 2 Hkv)
 Dh) matrix, gate/up as one (D, 2F), o and the head transposed and contiguous; the down projection stays a view
-of the model's own weight. The **view pack** (more rows: batches, prefill) copies nothing: every matrix is a transposed view of
+of the model's own weight. On a CPU with more than one core every row-pack matrix (the down projection too) is a
+:class:`~meshlm.generate.split.SplitMatrix` instead: column blocks, one per core, multiplied in one ``bmm``,
+because a one-row ``mm`` runs on one core whatever the thread count (meshlm/generate/split.py: the step's products
+22 → 11 ms on two cores). The **view pack** (more rows: batches, prefill) copies nothing: every matrix is a transposed view of
 the model's parameter (q/k/v and gate/up as separate products). LoRA updates are merged in (a new tensor either
 way).
 
@@ -37,6 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from meshlm.generate.int4 import Int4Matrix, int4_or_fp32
 from meshlm.generate.int8 import Int8Matrix
+from meshlm.generate.split import SplitMatrix, row_splits
 from meshlm.models.families import supports_packed
 from meshlm.models.head import OutputHead
 from meshlm.models.llama import Transformer
@@ -50,7 +54,8 @@ OTHER_DEVICE_ROW_PACK_MAX_BATCH = 4
 
 @dataclass
 class PackedLayer:
-    """One block's weights. Matrices are (in, out) (copies or transposed views): x (N, in) @ w -> (N, out)."""
+    """One block's weights. Matrices are (in, out) (copies or transposed views), or callables of the same shape
+    (split.py's column blocks, int8.py's and int4.py's quantized matrices): x (N, in) @ w -> (N, out)."""
 
     attention_norm: torch.Tensor  # (D,)
     wqkv: list[torch.Tensor]  # [(D, (H + 2 Hkv) Dh)] or [(D, H Dh), (D, Hkv Dh), (D, Hkv Dh)]: q, k, v heads
@@ -121,14 +126,18 @@ def _bias(linear: nn.Module) -> torch.Tensor | None:
     return None if bias is None else bias.detach()
 
 
-def _matrices(weights: list[torch.Tensor], fuse: bool) -> list[torch.Tensor]:
-    """(out, in) weights -> (in, out) matrices: one contiguous concatenation, or transposed views."""
+def _matrices(weights: list[torch.Tensor], fuse: bool, splits: int = 1) -> list:
+    """(out, in) weights -> (in, out) matrices: one contiguous concatenation (in ``splits`` column blocks when
+    more than one), or transposed views."""
+    if fuse and splits > 1:
+        return [SplitMatrix(torch.cat(weights).t(), splits)]
     if fuse:
         return [torch.cat(weights).t().contiguous()]
     return [w.t() for w in weights]
 
 
-def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, variant: str) -> PackedLayer:
+def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, variant: str,
+                splits: int = 1) -> PackedLayer:
     block = _inner(block)
     attn, ffn = _inner(block.attention), _inner(block.feed_forward)
     biases = [_bias(attn.wq), _bias(attn.wk), _bias(attn.wv)]
@@ -145,8 +154,10 @@ def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, va
         return PackedLayer(wqkv=[quantized(torch.cat(qkv), bqkv)], bqkv=None, wo=quantized(_weight(attn.wo)),
                            w13=[quantized(torch.cat(gate_up))], w2=quantized(_weight(ffn.w2)), **common)
     rows = variant == "rows"
-    return PackedLayer(wqkv=_matrices(qkv, rows), bqkv=bqkv, wo=_matrices([_weight(attn.wo)], rows)[0],
-                       w13=_matrices(gate_up, rows), w2=_weight(ffn.w2).t(), **common)
+    w2 = _matrices([_weight(ffn.w2)], True, splits)[0] if rows and splits > 1 else _weight(ffn.w2).t()
+    return PackedLayer(wqkv=_matrices(qkv, rows, splits), bqkv=bqkv,
+                       wo=_matrices([_weight(attn.wo)], rows, splits)[0], w13=_matrices(gate_up, rows, splits), w2=w2,
+                       **common)
 
 
 QUANTIZED = {"int8": Int8Matrix, "int4": int4_or_fp32}  # variant -> (out, in) weight, bias -> a callable matrix
@@ -161,10 +172,11 @@ def pack(model: Transformer, variant: str) -> PackedModel:
         raise ValueError(f"pack variant must be one of {PACK_VARIANTS}, got {variant!r}")
     model = _inner(model)
     cfg = model.cfg
-    layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads, variant)
+    splits = row_splits(next(model.parameters()).device) if variant == "rows" else 1
+    layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads, variant, splits)
               for name, block in model.layers.items()]
     out = _weight(model.output)
-    head = QUANTIZED[variant](out) if variant in QUANTIZED else _matrices([out], variant == "rows")[0]
+    head = QUANTIZED[variant](out) if variant in QUANTIZED else _matrices([out], variant == "rows", splits)[0]
     return PackedModel(embedding=model.tok_embeddings.weight.detach(), layers=layers,
                        norm=model.norm.weight.detach(), head=head,
                        norm_eps=cfg.norm_eps, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
@@ -225,7 +237,7 @@ def pack_bytes(packed: PackedModel, model: nn.Module) -> int:
         if isinstance(t, Int8Matrix):
             rows, cols = t.shape[1], t.shape[0]  # (out, in) of an (in, out)-shaped matrix
             total += rows * cols + 4 * rows + (0 if t.bias is None else 4 * t.bias.numel())
-        elif isinstance(t, Int4Matrix):
+        elif isinstance(t, (Int4Matrix, SplitMatrix)):
             total += t.nbytes()
         elif isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in own:  # int4's fp32 fallback: a view
             total += t.numel() * t.element_size()

@@ -1,0 +1,67 @@
+"""fp32 matrices split by output columns, so that one row's product runs on every core: the row pack's layout.
+
+A batch-1 decode step multiplies one row by every weight (SmolLM2-135M: 121 products, 538 MB a step). torch's
+``mm`` of a (1, in) row by an (in, out) matrix runs on **one** core whatever ``torch.set_num_threads`` says: on
+the 2-core development machine the 121 products took 22.0 ms on one thread and 22.6 on two — the step's floor,
+since the whole step was 28 ms. The same products as one ``bmm`` over ``P`` column blocks — the matrix stored as
+(P, in, out/P), the row broadcast to (P, 1, in) — spread the blocks over the threads: 10.6 ms on two threads
+(q/k/v 2.54 → 1.40 ms, o 1.67 → 0.52, gate/up 8.16 → 4.17, down 4.62 → 2.55, the 49k-row head 3.82 → 1.94; P = 2
+and 4 alike), and the same 22–24 ms as ``mm`` on one thread (docs/benchmarks.md "Batch-1 decode on every core",
+scripts/bench_split_matmul.py). Each output is the same dot product over ``in`` either way; only the kernel and so
+the order of the float additions may differ (tests compare the products to ``mm`` within float tolerance and the
+greedy tokens exactly).
+
+The blocks are a copy of the weight (its bytes again: SmolLM2-135M, ~538 MB for the whole row pack, against
+~400 MB for the unsplit pack it replaces, which kept the down projection as a view); the last block is padded
+with zero columns when ``out`` is not a multiple of ``P``, and the padding is cut from the product.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+MAX_SPLITS = 8  # blocks per matrix at most: measured at P = 2 and 4 on 2 cores (the same); more cores not measured
+
+
+def row_splits(device: torch.device) -> int:
+    """Column blocks per matrix for a one-row product on ``device``: the cores this process may use (at most
+    :data:`MAX_SPLITS`) on CPU, 1 elsewhere (CUDA's one-row products already use the whole GPU)."""
+    if device.type != "cpu":
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_SPLITS, cores))
+
+
+class SplitMatrix:
+    """x (N, in) -> x @ W (N, out), W (in, out) held as ``splits`` contiguous column blocks (P, in, ⌈out/P⌉)."""
+
+    def __init__(self, matrix: torch.Tensor, splits: int) -> None:
+        if matrix.dim() != 2 or splits < 1:
+            raise ValueError(f"need an (in, out) matrix and splits >= 1, got {tuple(matrix.shape)} and {splits}")
+        rows, cols = matrix.shape
+        width = -(-cols // splits)
+        blocks = matrix.new_zeros(splits, rows, width)
+        for i, block in enumerate(matrix.detach().split(width, dim=1)):
+            blocks[i, :, :block.shape[1]] = block
+        self.blocks = blocks
+        self.shape = (rows, cols)  # as the (in, out) matrices of the other packs
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        p, rows, width = self.blocks.shape
+        out = torch.bmm(x.expand(p, n, rows), self.blocks)  # (P, N, width): one block per thread
+        out = out.transpose(0, 1).reshape(n, p * width)  # (N, P·width), contiguous (the reshape copies)
+        return out if p * width == self.shape[1] else out[:, :self.shape[1]].contiguous()
+
+    def nbytes(self) -> int:
+        return self.blocks.numel() * self.blocks.element_size()
+
+    def dense(self) -> torch.Tensor:
+        """The (in, out) matrix the blocks hold (tests)."""
+        p, rows, width = self.blocks.shape
+        return self.blocks.transpose(0, 1).reshape(rows, p * width)[:, :self.shape[1]]
