@@ -212,3 +212,14 @@ def test_over_http_a_tiny_temperature_is_greedy_and_a_bad_one_a_400(served):
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(**{**kw, field: value})
         assert err.value.body["param"] == field
+
+
+def test_filters_are_chosen_on_the_host_not_read_off_the_device():
+    """Which of top-k / top-p / min-p apply is read from the per-row numbers sample() builds on the host, so a
+    step on a GPU does not wait for the device to say so (issue 31). A meta tensor cannot be read at all: the
+    filters run on meta logits with host numbers, and reading a flag off a meta tensor raises."""
+    logits = torch.empty(3, 50, device="meta")
+    out = filter_logits(logits, torch.tensor([0, 5, 2]), torch.tensor([1.0, 0.9, 0.5]), torch.tensor([0.0, 0.1, 0.0]))
+    assert out.device.type == "meta" and out.shape == (3, 50)
+    with pytest.raises(RuntimeError, match="meta"):
+        filter_logits(logits, torch.tensor([0, 5, 2], device="meta"))

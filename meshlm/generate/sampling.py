@@ -126,25 +126,28 @@ def filter_logits(logits: torch.Tensor, top_k: int | torch.Tensor = 0, top_p: fl
     out = logits.clone()
     V = out.shape[-1]
     rows = out.shape[:-1]
-    k = torch.as_tensor(top_k, device=out.device).expand(rows)
-    p = torch.as_tensor(top_p, dtype=torch.float32, device=out.device).expand(rows)
-    m = torch.as_tensor(min_p, dtype=torch.float32, device=out.device).expand(rows)
+    # which filters apply is decided where the numbers are (the host, for sample()'s per-row tensors): reading a
+    # flag off a GPU tensor would wait for the device at every step
+    k, p, m = (torch.as_tensor(top_k), torch.as_tensor(top_p, dtype=torch.float32),
+               torch.as_tensor(min_p, dtype=torch.float32))
+    any_k, any_p, any_m = bool(((k > 0) & (k < V)).any()), bool((p < 1).any()), bool((m > 0).any())
+    k, p, m = (t.to(out.device, non_blocking=True).expand(rows) for t in (k, p, m))
     use_k, use_p = (k > 0) & (k < V), p < 1
-    if bool(use_k.any()) or bool(use_p.any()):
+    if any_k or any_p:
         ordered, order = torch.sort(out, dim=-1, descending=True)  # (..., V)
-        if bool(use_k.any()):
+        if any_k:
             kth = ordered.gather(-1, (k.clamp(1, V) - 1)[..., None])  # (..., 1)
             cut = use_k[..., None]
             out = out.masked_fill(cut & (out < kth), float("-inf"))
             ordered = ordered.masked_fill(cut & (ordered < kth), float("-inf"))
-        if bool(use_p.any()):
+        if any_p:
             probs = torch.softmax(ordered.float(), dim=-1)
             mass_above = probs.cumsum(dim=-1) - probs  # (..., V) mass of the tokens ranked strictly higher
             drop_sorted = (mass_above >= p[..., None]) & use_p[..., None]
             drop_sorted[..., 0] = False  # the most likely token always survives (top_p 0 keeps it alone)
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
             out = out.masked_fill(drop, float("-inf"))
-    if bool((m > 0).any()):
+    if any_m:
         probs = torch.softmax(out.float(), dim=-1)
         out = out.masked_fill(probs < m[..., None] * probs.amax(-1, keepdim=True), float("-inf"))
     return out
@@ -219,11 +222,11 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampler], *, vocab_limit: int
         logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1) if with_logprobs else None
         return Picked(tokens, logp, failed)
     device = logits.device
-    temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)  # (B,): greedy rows untouched
-    filtered = filter_logits(_tempered(logits, temps),
-                             torch.tensor([0 if p.greedy else p.top_k for p in params], device=device),
-                             torch.tensor([1.0 if p.greedy else p.top_p for p in params], device=device),
-                             torch.tensor([0.0 if p.greedy else p.min_p for p in params], device=device))
+    temps = torch.tensor([p.temperature or 1.0 for p in params]).to(device, non_blocking=True)  # greedy: untouched
+    filtered = filter_logits(_tempered(logits, temps),  # the filters' numbers stay on the host (filter_logits)
+                             torch.tensor([0 if p.greedy else p.top_k for p in params]),
+                             torch.tensor([1.0 if p.greedy else p.top_p for p in params]),
+                             torch.tensor([0.0 if p.greedy else p.min_p for p in params]))
     if uniforms is None:
         uniforms = torch.cat([rows[row].uniform() for row in sampled])  # (S,)
     else:
