@@ -1,10 +1,12 @@
 """The batch-1 decode products of a checkpoint, as ``mm`` on one (in, out) matrix against the row pack's column
 blocks (meshlm/generate/split.py), on 1 and on all of the process's threads, alternating (medians of ``--repeats``).
 
-    OMP_NUM_THREADS=2 python scripts/bench_split_matmul.py --checkpoint RUN [--repeats 15] [--splits P]
+    OMP_NUM_THREADS=2 python scripts/bench_split_matmul.py --checkpoint RUN [--repeats 15] [--splits P] [--rows N]
 
 Prints one JSON object: per matrix kind (q/k/v fused, o, gate/up fused, down, head) and in total, the ms of one
-step's products of that kind for each layout and thread count. A benchmark, not a test (docs/benchmarks.md "Batch-1
+step's products of that kind for each layout and thread count. ``--rows N`` multiplies N rows instead of one
+(a batch's step; meshlm runs those on the view pack, not on the blocks: this shows what the products alone
+cost there). A benchmark, not a test (docs/benchmarks.md "Batch-1
 decode on every core").
 """
 from __future__ import annotations
@@ -39,13 +41,14 @@ def main() -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--splits", type=int, default=0, help="column blocks (0: the process's cores, as meshlm does)")
+    ap.add_argument("--rows", type=int, default=1, help="rows multiplied at once (1: a one-sequence decode step)")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     splits = args.splits or row_splits(torch.device("cpu"))
     model, *_ = model_from_checkpoint(args.checkpoint)
     kinds = matrices(model.eval())
     split = {k: [SplitMatrix(m, splits) for m in v] for k, v in kinds.items()}
-    x = {m.shape[0]: torch.randn(1, m.shape[0]) for v in kinds.values() for m in v}
+    x = {m.shape[0]: torch.randn(args.rows, m.shape[0]) for v in kinds.values() for m in v}
     times: dict[str, list[float]] = {}
     with torch.no_grad():
         for r in range(args.repeats + 1):  # the first round warms up
@@ -63,8 +66,9 @@ def main() -> None:
                         if r:
                             times.setdefault(f"{layout} {t}t {kind}", []).append(time.perf_counter() - start)
     torch.set_num_threads(threads)
-    out = {"checkpoint": args.checkpoint, "threads": threads, "splits": splits, "repeats": args.repeats,
-           "load_average": os.getloadavg()[0], "ms": {k: round(1e3 * statistics.median(v), 2) for k, v in times.items()}}
+    out = {"checkpoint": args.checkpoint, "threads": threads, "splits": splits, "rows": args.rows,
+           "repeats": args.repeats, "load_average": os.getloadavg()[0],
+           "ms": {k: round(1e3 * statistics.median(v), 2) for k, v in times.items()}}
     for t in sorted({1, threads}):
         for layout in ("mm", "split"):
             out["ms"][f"{layout} {t}t total"] = round(sum(out["ms"][f"{layout} {t}t {k}"] for k in kinds), 2)

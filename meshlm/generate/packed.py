@@ -11,14 +11,14 @@ and figures in docs/benchmarks.md, "Decoding"), for one row x (1, in):
   operands swapped (``(W xᵀ)ᵀ`` on the (out, in) weight, decode.py ``_swapped``), it is 1.3–4× faster than either
   (session 10, two threads, weights streamed from memory as in a step).
 
-So the **row pack** (a step of :data:`ROW_PACK_MAX_BATCH` row: a single stream's decode step) holds copies: q/k/v as one (D, (H + 2 Hkv)
-Dh) matrix, gate/up as one (D, 2F), o and the head transposed and contiguous; the down projection stays a view
-of the model's own weight. On a CPU with more than one core every row-pack matrix (the down projection too) is a
-:class:`~meshlm.generate.split.SplitMatrix` instead: column blocks, one per core, multiplied in one ``bmm``,
-because a one-row ``mm`` runs on one core whatever the thread count (meshlm/generate/split.py: the step's products
-22 → 11 ms on two cores). The **view pack** (more rows: batches, prefill) copies nothing: every matrix is a transposed view of
-the model's parameter (q/k/v and gate/up as separate products). LoRA updates are merged in (a new tensor either
-way).
+So the **row pack** (a step of :data:`ROW_PACK_MAX_BATCH` row: a single stream's decode step) holds copies: q/k/v as
+one (D, (H + 2 Hkv) Dh) matrix, gate/up as one (D, 2F), o and the head transposed and contiguous; the down
+projection stays a view of the model's own weight. On a CPU with more than one core every row-pack matrix (the down
+projection too) is a :class:`~meshlm.generate.split.SplitMatrix` instead: column blocks, one per core, multiplied in
+one ``bmm``, because a one-row ``mm`` runs on one core whatever the thread count (meshlm/generate/split.py: the
+step's products 22 → 11 ms on two cores). The **view pack** (more rows: batches, prefill) copies nothing: every
+matrix is a transposed view of the model's parameter (q/k/v and gate/up as separate products). LoRA updates are
+merged in (a new tensor either way).
 
 A third variant, the **int8 pack** (``--weights int8``: decode steps of any batch), holds every matrix as an
 :class:`~meshlm.generate.int8.Int8Matrix` — q/k/v fused (their bias folded in), o, gate/up fused, down, the head;

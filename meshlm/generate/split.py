@@ -5,8 +5,8 @@ A batch-1 decode step multiplies one row by every weight (SmolLM2-135M: 121 prod
 the 2-core development machine the 121 products took 22.0 ms on one thread and 22.6 on two — the step's floor,
 since the whole step was 28 ms. The same products as one ``bmm`` over ``P`` column blocks — the matrix stored as
 (P, in, out/P), the row broadcast to (P, 1, in) — spread the blocks over the threads: 10.6 ms on two threads
-(q/k/v 2.54 → 1.40 ms, o 1.67 → 0.52, gate/up 8.16 → 4.17, down 4.62 → 2.55, the 49k-row head 3.82 → 1.94; P = 2
-and 4 alike), and the same 22–24 ms as ``mm`` on one thread (docs/benchmarks.md "Batch-1 decode on every core",
+(q/k/v 2.54 → 1.40 ms, o 1.67 → 0.52, gate/up 8.16 → 4.17, down 4.62 → 2.55, the 49k-row head 3.82 → 1.94;
+P = 2 and 4 alike), and the same 22–24 ms as ``mm`` on one thread (docs/benchmarks.md "Batch-1 decode on every core",
 scripts/bench_split_matmul.py). Each output is the same dot product over ``in`` either way; only the kernel and so
 the order of the float additions may differ (tests compare the products to ``mm`` within float tolerance and the
 greedy tokens exactly).
