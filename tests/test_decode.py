@@ -209,7 +209,7 @@ def test_oversubscription_is_read_from_the_load_average(monkeypatch):
     import meshlm.generate.decode as decode
 
     cores = len(os.sched_getaffinity(0))
-    for load, expected in ((cores - 0.5, True), (max(cores - 1.5, 0.0), False)):
+    for load, expected in ((cores + 0.5, True), (max(cores - 0.5, 0.0), False)):
         monkeypatch.setattr(decode.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
         monkeypatch.setattr(decode, "_load_seen", [float("-inf"), 0.0, 0.0, 0.0])
         assert decode.cpu_oversubscribed() is expected
@@ -273,3 +273,24 @@ def test_forwards_run_on_the_policy_threads_and_restore_the_count(monkeypatch):
         assert seen == [((1, 8), 1), ((3, 8), 1)] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_pack_variant_by_rows_cores_and_weights(monkeypatch):
+    """Multi-core CPU: the row pack's column blocks for one row and from 5 rows (prefills too), the view pack's
+    swapped products for 2-4 rows (packed.py's table); one core: the row pack for one row only; an int8 model's
+    prefill never makes an fp32 copy; other devices keep their own threshold."""
+    import meshlm.generate.packed as packed
+    from meshlm.generate.packed import pack_variant
+
+    model = tiny()
+    monkeypatch.setattr(packed, "row_splits", lambda device: 2)
+    assert [pack_variant(model, n) for n in (1, 2, 4, 5, 16, 512)] == ["rows", "views", "views", "rows", "rows", "rows"]
+    assert pack_variant(model, 16, copies=False) == pack_variant(model, 1, copies=False) == "views"
+    assert pack_variant(model, 1, "int8") == pack_variant(model, 64, "int8") == "int8"
+    monkeypatch.setattr(packed, "row_splits", lambda device: 1)
+    assert [pack_variant(model, n) for n in (1, 2, 4, 5, 16)] == ["rows", "views", "views", "views", "views"]
+    int8 = FastForward(model, "int8")
+    monkeypatch.setattr(packed, "row_splits", lambda device: 2)
+    packed._PACKS.pop(model, None)
+    int8.prepare(1)
+    assert set(packed._PACKS[model]) == {"int8", "views"}  # decode steps int8, the prefill on views: no fp32 copy

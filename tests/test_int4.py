@@ -68,7 +68,7 @@ def test_decode_steps_stay_near_fp32_and_greedy_tokens_mostly_agree(arch):
     c32, c4 = model.new_cache(1, 24), model.new_cache(1, 24)
     with torch.no_grad():
         want, got = fp32(ids, cache=c32, start_pos=0), int4(ids, cache=c4, start_pos=0)
-        torch.testing.assert_close(got, want, atol=0, rtol=0)  # a prefill runs fp32
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # a prefill runs fp32 (blocks or not: ~1e-6)
         errors, agree = [], []
         for pos in range(8, 24):
             token = want[:, -1].argmax(-1, keepdim=True)  # both follow fp32's tokens

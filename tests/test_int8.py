@@ -56,7 +56,9 @@ def test_prefill_runs_fp32_and_decode_steps_stay_near_fp32(arch):
     c32, c8 = model.new_cache(1, 20), model.new_cache(1, 20)
     with torch.no_grad():
         want, got = fp32(ids, cache=c32, start_pos=0), int8(ids, cache=c8, start_pos=0)
-        torch.testing.assert_close(got, want, atol=0, rtol=0)  # a prefill never runs the int8 pack
+        # a prefill never runs the int8 pack: fp32 (the view pack; the fp32 model's may sum in column blocks,
+        # split.py: ~1e-6), where int8 is ~1e-2 off
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         errors = []
         for pos in range(8, 16):
             token = want[:, -1].argmax(-1, keepdim=True)
@@ -77,7 +79,7 @@ def test_a_padded_batch_decodes_every_row_near_fp32():
     with torch.no_grad():
         kw = dict(start_pos=0, position_ids=positions, padding_mask=mask)
         want, got = fp32(ids, cache=c32, **kw), int8(ids, cache=c8, **kw)
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # the prefill is fp32 (column blocks or not)
         next_pos, errors = mask.long().sum(1), []
         for step in range(8):
             token = want[:, -1].argmax(-1, keepdim=True)  # (B, 1): both follow fp32's tokens

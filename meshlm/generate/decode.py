@@ -32,6 +32,7 @@ from torch import nn
 
 from meshlm.errors import ConfigError
 from meshlm.generate.int8 import check_weight_format
+from meshlm.generate.split import SplitMatrix
 from meshlm.generate.packed import (PackedLayer, PackedModel, _inner, pack_bytes, pack_variant, packed_weights,
                                     unsupported_reason)
 from meshlm.models.fused import rope_tables
@@ -58,21 +59,23 @@ class FastForward:
 
     def weights(self, batch: int, decode: bool = True) -> PackedModel:
         """The pack for ``batch`` rows, repacked only when the parameters changed. int8 (and int4) serve decode steps
-        only; a
-        prefill runs the fp32 pack: it is compute-bound, so int8 gains little there, and an int8 prefill doubles the
-        error of the cache every later step reads (SmolLM2: logits 0.28 off fp32's over the steps against 0.14;
-        docs/benchmarks.md "int8 decode weights")."""
-        return packed_weights(self.model, batch, self.weight_format if decode else "fp32")
+        only; a prefill runs on fp32 weights — the view pack, so that a quantized model holds no fp32 copy: it is
+        compute-bound, so int8 gains little there, and an int8 prefill doubles the error of the cache every later
+        step reads (SmolLM2: logits 0.28 off fp32's over the steps against 0.14; docs/benchmarks.md "int8 decode
+        weights")."""
+        fp32 = self.weight_format == "fp32"
+        return packed_weights(self.model, batch, self.weight_format if decode else "fp32", copies=decode or fp32)
 
     def prepare(self, batch: int = 1) -> int:
         """Make now the packs that generating ``batch`` rows will multiply — the prefill's and the decode steps'
         — so that no call pays for them (the packs last while the parameters are unchanged; packed.py), and
         return the bytes they hold beyond the model's own weights (:func:`~meshlm.generate.packed.pack_bytes`:
-        SmolLM2-135M, fp32, batch 1: the row pack's copies, ~540 MB in column blocks on
-        more than one core (split.py), ~400 MB on one; a batch's view pack: ~0)."""
+        SmolLM2-135M, fp32: the row pack's copies, ~540 MB in column blocks on more than one core (split.py; they
+        also serve prefills and batches of 5 rows or more), ~400 MB on one; the view pack: ~0)."""
+        fp32 = self.weight_format == "fp32"  # an int8 or int4 model's prefill takes the view pack (no fp32 copy)
         variants = {pack_variant(self.model, batch, self.weight_format): (batch, self.weight_format),
-                    pack_variant(self.model, 1 << 20, "fp32"): (1 << 20, "fp32")}  # decode, then a prefill's
-        return sum(pack_bytes(packed_weights(self.model, rows, weights), self.model)
+                    pack_variant(self.model, 1 << 20, "fp32", fp32): (1 << 20, "fp32")}  # decode, a prefill's
+        return sum(pack_bytes(packed_weights(self.model, rows, weights, weights != "fp32" or fp32), self.model)
                    for rows, weights in variants.values())
 
     def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):
@@ -154,8 +157,8 @@ class FastForward:
 # rows 31 / 89 / 233 against 21 / 64 / 156 ms, one-sequence prefills of 8 / 32 / 128 / 512 tokens 60 / 104 / 300 /
 # 1,225 against 39 / 71 / 170 / 657; and since the row pack's matrices are split by columns (split.py), so does a
 # one-sequence decode step (its products 22 ms on one thread, 11 on two; it tied at 28.4 / 28.6 ms before).
-# So: up to ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed (other work holds all but
-# one of the cores this process may use); anything else keeps the process's threads (a quiet machine with more
+# So: up to ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed (other work holds as many
+# runnable threads as this process may use cores); anything else keeps the process's threads (a quiet machine with more
 # cores than this one has not been measured: its threads are the user's choice).
 ONE_THREAD_MAX_ROWS = 512
 _LOAD_EVERY_S = 1.0
@@ -165,12 +168,15 @@ _load_seen: list[float] = [float("-inf"), 0.0, 0.0, 0.0]
 
 
 def cpu_oversubscribed() -> bool:
-    """Whether other work holds all but one of the cores this process may use: the 1-minute load average less this
-    process's own share of it is at least cores − 1.
+    """Whether other work holds the cores this process may use: the 1-minute load average less this process's own
+    share of it is at least the number of cores.
 
     The load average counts this process's own busy threads too, so a forward on two threads of a two-core machine
     would read its own load as oversubscription and fall back to one thread a minute later. Its share is its CPU
-    seconds per second, averaged with the load average's time constant; read at most once a second."""
+    seconds per second, averaged with the load average's time constant; read at most once a second. The threshold is
+    the cores, not fewer: the load average lags by a minute, so a process started after another busy one still
+    reads that one's load for a while (at cores − 1 a benchmark's next process read its predecessor's ~1.3 as
+    oversubscription on two cores and decoded on one thread; measured in docs/benchmarks.md, session 17)."""
     now = time.monotonic()
     seen = _load_seen
     if now - seen[0] >= _LOAD_EVERY_S:
@@ -187,7 +193,7 @@ def cpu_oversubscribed() -> bool:
             elapsed = now - seen[0]
             keep = math.exp(-elapsed / _LOAD_TAU_S)
             seen[3] = seen[3] * keep + (cpu - seen[2]) / elapsed * (1.0 - keep)
-        seen[:3] = [now, float(load - seen[3] >= cores - 1), cpu]
+        seen[:3] = [now, float(load - seen[3] >= cores), cpu]
     return bool(seen[1])
 
 
@@ -254,7 +260,10 @@ def _mm(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def _addmm(residual: torch.Tensor, x: torch.Tensor, w) -> torch.Tensor:
-    """residual + x @ w, contiguous; the residual add rides in the GEMM (a tensor) or follows it (a callable)."""
+    """residual + x @ w, contiguous; the residual add rides in the GEMM (a tensor, split.py's blocks) or follows it
+    (a quantized matrix)."""
+    if isinstance(w, SplitMatrix):
+        return w.addmm(residual, x)
     if not isinstance(w, torch.Tensor):
         return w(x).add_(residual)
     if _swapped(x, w):

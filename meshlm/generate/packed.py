@@ -47,7 +47,9 @@ from meshlm.models.llama import Transformer
 from meshlm.models.lora import LoRALinear
 
 
-ROW_PACK_MAX_BATCH = 1  # CPU rows: from 2 rows the view pack, multiplied operands-swapped (decode.py _swapped), wins
+ROW_PACK_MAX_BATCH = 1  # one-core CPU rows: from 2 rows the view pack, multiplied operands-swapped (decode.py
+# _swapped), wins
+VIEW_PACK_ROWS = (2, 4)  # CPU rows, more than one core: the view pack's rows (pack_variant); the blocks elsewhere
 # Elsewhere (CUDA: not measured) the threshold the row pack had before the swapped products.
 OTHER_DEVICE_ROW_PACK_MAX_BATCH = 4
 
@@ -198,20 +200,31 @@ def _state_key(model: nn.Module) -> tuple:
 _PACKS: "weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[tuple, PackedModel]]]" = weakref.WeakKeyDictionary()
 
 
-def pack_variant(model: nn.Module, batch: int, weights: str = "fp32") -> str:
+def pack_variant(model: nn.Module, batch: int, weights: str = "fp32", copies: bool = True) -> str:
     """The pack a forward of ``batch`` rows (batch x new tokens) multiplies: the row or the view pack by the rows
-    (fp32), the int8 or int4 pack for every batch."""
+    (fp32), the int8 or int4 pack for every batch. ``copies=False``: the view pack for any fp32 rows (an int8 or
+    int4 model's prefill: no fp32 copy beside its quantized one).
+
+    On a CPU whose row pack is in column blocks (more than one core, split.py) the blocks win at every row count
+    but :data:`VIEW_PACK_ROWS`, where the view pack's operand-swapped products do (SmolLM2-135M, two threads,
+    quiet, ms a decode step blocks / views: 1 row 17.4 / –, 2 rows 25.2 / 18.6, 4 rows 28.5 / 21.7, 6 rows 32.5 /
+    33.2, 8 rows 34.7 / 37.7, 16 rows 48.9 / 70.2, 64 rows 127 / 151; one-sequence prefills of 16 / 128 / 512
+    tokens 39 / 166 / 643 against 60 / 192 / 665 ms; docs/benchmarks.md "Batch-1 decode on every core")."""
     if weights in QUANTIZED:
         return weights
-    cpu = next(model.parameters()).device.type == "cpu"
-    return "rows" if batch <= (ROW_PACK_MAX_BATCH if cpu else OTHER_DEVICE_ROW_PACK_MAX_BATCH) else "views"
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        return "rows" if copies and batch <= OTHER_DEVICE_ROW_PACK_MAX_BATCH else "views"
+    if not copies or (batch > ROW_PACK_MAX_BATCH and row_splits(device) == 1):
+        return "views"
+    return "views" if VIEW_PACK_ROWS[0] <= batch <= VIEW_PACK_ROWS[1] else "rows"
 
 
-def packed_weights(model: Transformer, batch: int, weights: str = "fp32") -> PackedModel:
+def packed_weights(model: Transformer, batch: int, weights: str = "fp32", copies: bool = True) -> PackedModel:
     """The pack for ``batch`` rows of ``model``'s current weights in format ``weights`` (:func:`pack_variant`):
     the one made earlier when no parameter changed since, else new."""
     model = _inner(model)
-    variant = pack_variant(model, batch, weights)
+    variant = pack_variant(model, batch, weights, copies)
     key = _state_key(model)
     packs = _PACKS.setdefault(model, {})
     hit = packs.get(variant)

@@ -52,11 +52,27 @@ class SplitMatrix:
         self.shape = (rows, cols)  # as the (in, out) matrices of the other packs
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.addmm(None, x)
+
+    def addmm(self, add: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        """``add`` + x @ W (``add`` None: the product alone); ``add`` (N, out) or (out,)-broadcast.
+
+        One row's (P, 1, width) product already lies in memory as the (1, P·width) row, so it is returned as a
+        view, and an ``add`` that is a whole row rides in the product (``baddbmm``) as the residual does in
+        ``addmm``: one op a matrix, as in the unsplit pack. Several rows, or padded blocks, need the copy back to
+        row order and a separate add."""
         n = x.shape[0]
         p, rows, width = self.blocks.shape
-        out = torch.bmm(x.expand(p, n, rows), self.blocks)  # (P, N, width): one block per thread
-        out = out.transpose(0, 1).reshape(n, p * width)  # (N, P·width), contiguous (the reshape copies)
-        return out if p * width == self.shape[1] else out[:, :self.shape[1]].contiguous()
+        cols = self.shape[1]
+        xb = x.expand(p, n, rows)
+        if n == 1 and p * width == cols:
+            if add is None:
+                return torch.bmm(xb, self.blocks).view(1, cols)  # (P, 1, width): one block per thread
+            return torch.baddbmm(add.expand(1, cols).reshape(p, 1, width), xb, self.blocks).view(1, cols)
+        out = torch.bmm(xb, self.blocks).transpose(0, 1).reshape(n, p * width)  # (N, P·width): the reshape copies
+        if p * width != cols:
+            out = out[:, :cols].contiguous()
+        return out if add is None else out.add_(add)
 
     def nbytes(self) -> int:
         return self.blocks.numel() * self.blocks.element_size()

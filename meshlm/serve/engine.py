@@ -104,8 +104,9 @@ class BatchEngine:
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         # last-position logits on packed weights (meshlm/generate/decode.py); int8: meshlm/generate/int8.py
         self._fast = fast_forward(model, weights)
-        # Every pack the engine multiplies, made now (at load), not in the first request's time: the one-row (or
-        # int8) decode pack and the prefill's; a batch's decode steps multiply the prefill's view pack (no copies).
+        # Every pack that holds copies, made now (at load), not in the first request's time: the one-row (or int8)
+        # decode pack and the prefill's (on a multi-core CPU the same column blocks, which also serve batches of 5+
+        # rows; batches of 2-4 rows multiply the view pack: views of the weights, made when first used).
         # Their bytes beyond the model's own weights are reported in status() (and by `meshlm serve` at load).
         self.pack_bytes = self._fast.prepare(1) if isinstance(self._fast, FastForward) else 0
         self.max_batch, self.max_queue = max_batch, max_queue
