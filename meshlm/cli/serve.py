@@ -28,8 +28,8 @@ def register(sub, add_config_args) -> None:
                                                         "(audited)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice); 1 is fastest for small models on a "
-                        "busy machine")
+                   help="CPU threads of each model's decoding (default: torch's choice); 1 is fastest for small "
+                        "models on a busy machine")
     p.add_argument("--weights", default="fp32", choices=("fp32", "int8", "int4"),
                    help="int8: decode steps on int8 copies of every local model's weights (CPU; faster, not the "
                         "same logits; docs/model.md, 'int8 decode weights'); int4: 4-bit copies (CPU, "
@@ -66,12 +66,14 @@ def run(args: argparse.Namespace) -> int:
 
     from meshlm.serve.launch import ServeOptions, serve
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be at least 1, got {args.threads}")
-        import torch
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {args.threads}")
+    import torch
 
-        torch.set_num_threads(args.threads)
+    # --threads are each model's engine thread's (meshlm/serve/engine.py); every other thread of the server runs
+    # torch on one, so that no second multi-threaded OpenMP team slows the engine's (engine.py's _run says why)
+    engine_threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(1)
     for name, value in (("--max-batch", args.max_batch), ("--max-queue", args.max_queue),
                         ("--max-tokens-cap", args.max_tokens_cap)):
         if value < 1:
@@ -91,6 +93,6 @@ def run(args: argparse.Namespace) -> int:
                            force=args.force, device=args.device, max_batch=args.max_batch,
                            max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap, weights=args.weights,
                            drain_timeout=args.drain_timeout, audit_key=audit_key,
-                           prefix_cache_mb=args.prefix_cache_mb)
+                           prefix_cache_mb=args.prefix_cache_mb, engine_threads=engine_threads)
     serve(options)
     return 0

@@ -98,8 +98,11 @@ class BatchEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: MeshTokenizer, *, max_batch: int = 16,
                  max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine",
-                 bank: AdapterBank | None = None, weights: str = "fp32", prefix_cache_bytes: int = 0) -> None:
+                 bank: AdapterBank | None = None, weights: str = "fp32", prefix_cache_bytes: int = 0,
+                 threads: int | None = None) -> None:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
+        # the engine thread's torch threads (None: this thread's count now); see _run
+        self.threads = threads or torch.get_num_threads()
         # prompts' keys and values kept for later prompts that start the same (0 bytes: off; meshlm/serve/prefix.py)
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         # last-position logits on packed weights (meshlm/generate/decode.py); int8: meshlm/generate/int8.py
@@ -204,6 +207,12 @@ class BatchEngine:
 
     # --- the engine thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
+        # A thread's first torch call starts with the process's default thread count, not its creator's: set it.
+        # Serving, this is the one thread that should run multi-threaded ops (meshlm/cli/serve.py keeps the others
+        # on one): with more OpenMP threads alive than cores, GNU OpenMP cuts its spin-wait, and every parallel op
+        # then waits for a sleeping thread to wake (SmolLM2 int8 in an engine-like thread: 59 tokens/s with a
+        # second thread's team alive, 126 without; docs/benchmarks.md, session 17).
+        torch.set_num_threads(self.threads)
         with torch.inference_mode():
             while True:
                 with self._cond:

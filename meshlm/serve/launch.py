@@ -47,6 +47,7 @@ class ServeOptions:
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     audit_key: bytes | None = None  # keys the audit chain (hmac-sha256; meshlm/serve/audit_keys.py)
     prefix_cache_mb: int = 256  # per local model: recent prompts' keys and values (meshlm/serve/prefix.py); 0: off
+    engine_threads: int | None = None  # torch threads of each model's engine thread (None: torch's default)
 
 
 def make_loader(opts: ServeOptions, registry=None):
@@ -61,10 +62,14 @@ def make_loader(opts: ServeOptions, registry=None):
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     bases: dict[str, LocalBackend] = {}
 
+    def load_local(entry) -> LocalBackend:  # in a worker thread: loading and packing on one torch thread, so that
+        torch.set_num_threads(1)  # only the engine thread keeps a multi-threaded OpenMP team (engine.py's _run)
+        return LocalBackend.load(entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
+                                 max_queue=opts.max_queue, weights=opts.weights,
+                                 prefix_cache_bytes=opts.prefix_cache_mb << 20, threads=opts.engine_threads)
+
     async def local(entry) -> LocalBackend:
-        backend = await anyio.to_thread.run_sync(lambda: LocalBackend.load(
-            entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
-            max_queue=opts.max_queue, weights=opts.weights, prefix_cache_bytes=opts.prefix_cache_mb << 20))
+        backend = await anyio.to_thread.run_sync(load_local, entry)
         bases[entry.ref] = backend
         # Its decode packs were made while loading (meshlm/serve/engine.py): say what they hold (GET /admin/status:
         # loaded.<version>.pack_bytes).
