@@ -6,8 +6,8 @@ blocks (meshlm/generate/split.py), on 1 and on all of the process's threads, alt
 Prints one JSON object: per matrix kind (q/k/v fused, o, gate/up fused, down, head) and in total, the ms of one
 step's products of that kind for each layout and thread count. ``--rows N`` multiplies N rows instead of one
 (a batch's step; meshlm runs those on the view pack, not on the blocks: this shows what the products alone
-cost there). A benchmark, not a test (docs/benchmarks.md "Batch-1
-decode on every core").
+cost there). A benchmark, not a test (docs/benchmarks.md "Decoding on
+every core").
 """
 from __future__ import annotations
 

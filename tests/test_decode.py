@@ -197,7 +197,7 @@ def test_thread_policy_follows_the_measured_table():
     for batch, length in ((1, 1), (64, 1), (1, 32), (1, 512), (16, 32)):  # measured on an oversubscribed CPU
         assert forward_threads(batch, length, cpu, 2, oversubscribed=True) == 1
     # a quiet machine's forwards keep the process's threads (two beat one there: 71 vs 104 ms for a 32-token
-    # prompt, 64 vs 89 ms for a 16-row step; a one-row step's products 11 vs 22 ms since they are split by columns)
+    # prompt, 64 vs 89 ms for a 16-row step; a one-row step's products 13 vs 25 ms since they are split by columns)
     for batch, length in ((1, 1), (16, 1), (4, 1), (1, 8), (1, 32), (1, 129)):
         assert forward_threads(batch, length, cpu, 4, oversubscribed=False) == 4
     assert forward_threads(1, ONE_THREAD_MAX_ROWS + 1, cpu, 2, oversubscribed=True) == 2  # beyond the table

@@ -156,7 +156,7 @@ class FastForward:
 # on a quiet machine", session 14) batches and prefills gain from the second thread: decode steps of 4 / 16 / 64
 # rows 31 / 89 / 233 against 21 / 64 / 156 ms, one-sequence prefills of 8 / 32 / 128 / 512 tokens 60 / 104 / 300 /
 # 1,225 against 39 / 71 / 170 / 657; and since the row pack's matrices are split by columns (split.py), so does a
-# one-sequence decode step (its products 22 ms on one thread, 11 on two; it tied at 28.4 / 28.6 ms before).
+# one-sequence decode step (its products 24.6 ms on one core, 13.2 on two; the step tied at 28.4 / 28.6 ms before).
 # So: up to ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed (other work holds as many
 # runnable threads as this process may use cores); anything else keeps the process's threads (a quiet machine with more
 # cores than this one has not been measured: its threads are the user's choice).

@@ -16,7 +16,7 @@ one (D, (H + 2 Hkv) Dh) matrix, gate/up as one (D, 2F), o and the head transpose
 projection stays a view of the model's own weight. On a CPU with more than one core every row-pack matrix (the down
 projection too) is a :class:`~meshlm.generate.split.SplitMatrix` instead: column blocks, one per core, multiplied in
 one ``bmm``, because a one-row ``mm`` runs on one core whatever the thread count (meshlm/generate/split.py: the
-step's products 22 → 11 ms on two cores). The **view pack** (more rows: batches, prefill) copies nothing: every
+step's products 24.6 → 13.2 ms on two cores). The **view pack** (more rows: batches, prefill) copies nothing: every
 matrix is a transposed view of the model's parameter (q/k/v and gate/up as separate products). LoRA updates are
 merged in (a new tensor either way).
 
@@ -209,7 +209,7 @@ def pack_variant(model: nn.Module, batch: int, weights: str = "fp32", copies: bo
     but :data:`VIEW_PACK_ROWS`, where the view pack's operand-swapped products do (SmolLM2-135M, two threads,
     quiet, ms a decode step blocks / views: 1 row 17.4 / –, 2 rows 25.2 / 18.6, 4 rows 28.5 / 21.7, 6 rows 32.5 /
     33.2, 8 rows 34.7 / 37.7, 16 rows 48.9 / 70.2, 64 rows 127 / 151; one-sequence prefills of 16 / 128 / 512
-    tokens 39 / 166 / 643 against 60 / 192 / 665 ms; docs/benchmarks.md "Batch-1 decode on every core")."""
+    tokens 39 / 166 / 643 against 60 / 192 / 665 ms; docs/benchmarks.md "Decoding on every core")."""
     if weights in QUANTIZED:
         return weights
     device = next(model.parameters()).device

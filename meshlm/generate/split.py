@@ -2,14 +2,15 @@
 
 A batch-1 decode step multiplies one row by every weight (SmolLM2-135M: 121 products, 538 MB a step). torch's
 ``mm`` of a (1, in) row by an (in, out) matrix runs on **one** core whatever ``torch.set_num_threads`` says: on
-the 2-core development machine the 121 products took 22.0 ms on one thread and 22.6 on two — the step's floor,
-since the whole step was 28 ms. The same products as one ``bmm`` over ``P`` column blocks — the matrix stored as
-(P, in, out/P), the row broadcast to (P, 1, in) — spread the blocks over the threads: 10.6 ms on two threads
-(q/k/v 2.54 → 1.40 ms, o 1.67 → 0.52, gate/up 8.16 → 4.17, down 4.62 → 2.55, the 49k-row head 3.82 → 1.94;
-P = 2 and 4 alike), and the same 22–24 ms as ``mm`` on one thread (docs/benchmarks.md "Batch-1 decode on every core",
-scripts/bench_split_matmul.py). Each output is the same dot product over ``in`` either way; only the kernel and so
-the order of the float additions may differ (tests compare the products to ``mm`` within float tolerance and the
-greedy tokens exactly).
+the 2-core development machine the 121 products took 24.5 ms on one thread and 24.6 on two — most of the 28 ms
+step. The same products as one ``bmm`` over ``P`` column blocks — the matrix stored as (P, in, out/P), the row
+broadcast to (P, 1, in) — spread the blocks over the threads: 13.2 ms on two threads (q/k/v 3.35 → 2.08 ms,
+o 2.07 → 1.25, gate/up 9.71 → 4.90, down 5.38 → 2.87, the 49k-row head 4.09 → 2.12), and 24.1 ms on one, as
+``mm`` (scripts/bench_split_matmul.py, quiet; docs/benchmarks.md "Decoding on every core"). From ~6 rows the
+blocks also beat the unsplit products (16 rows: 39.3 against 55.6 ms), which is why prefills and batches of 5+
+rows use them too (packed.py ``pack_variant``). Each output is the same dot product over ``in`` either way; only
+the kernel and so the order of the float additions may differ (tests compare the products to ``mm`` within float
+tolerance and the greedy tokens exactly).
 
 The blocks are a copy of the weight (its bytes again: SmolLM2-135M, ~538 MB for the whole row pack, against
 ~400 MB for the unsplit pack it replaces, which kept the down projection as a view); the last block is padded
