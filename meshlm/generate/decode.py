@@ -32,9 +32,9 @@ from torch import nn
 
 from meshlm.errors import ConfigError
 from meshlm.generate.int8 import check_weight_format
-from meshlm.generate.split import SplitMatrix
 from meshlm.generate.packed import (PackedLayer, PackedModel, _inner, pack_bytes, pack_variant, packed_weights,
                                     unsupported_reason)
+from meshlm.generate.split import SplitMatrix
 from meshlm.models.fused import rope_tables
 from meshlm.models.llama import KVCache, Transformer, attention_mask
 
@@ -158,8 +158,8 @@ class FastForward:
 # 1,225 against 39 / 71 / 170 / 657; and since the row pack's matrices are split by columns (split.py), so does a
 # one-sequence decode step (its products 24.6 ms on one core, 13.2 on two; the step tied at 28.4 / 28.6 ms before).
 # So: up to ONE_THREAD_MAX_ROWS rows run on one thread while the CPU is oversubscribed (other work holds as many
-# runnable threads as this process may use cores); anything else keeps the process's threads (a quiet machine with more
-# cores than this one has not been measured: its threads are the user's choice).
+# runnable threads as this process may use cores); anything else keeps the process's threads (a quiet machine with
+# more cores than this one has not been measured: its threads are the user's choice).
 ONE_THREAD_MAX_ROWS = 512
 _LOAD_EVERY_S = 1.0
 _LOAD_TAU_S = 60.0  # the time constant of the kernel's 1-minute load average
