@@ -294,3 +294,18 @@ def test_pack_variant_by_rows_cores_and_weights(monkeypatch):
     packed._PACKS.pop(model, None)
     int8.prepare(1)
     assert set(packed._PACKS[model]) == {"int8", "views"}  # decode steps int8, the prefill on views: no fp32 copy
+
+
+def test_training_rollouts_multiply_the_model_own_weights(monkeypatch):
+    """rollout(copies=False), what GRPO/PPO use: no column-block copy is made (a sharded layout's plain forward sums
+    the products in its own order, and parity with it needs the same; test_rl's parity cases failed without), and
+    the tokens are the plain forward's."""
+    import meshlm.generate.packed as packed
+
+    monkeypatch.setattr(packed, "row_splits", lambda device: 2)
+    model = tiny()
+    cfg = SamplingParams(max_tokens=8, temperature=1.0, seed=3)
+    for prompts in (PROMPTS[:1], PROMPTS * 2):
+        got = rollout(model, prompts, cfg, copies=False)
+        assert torch.equal(got.response_ids, rollout(model, prompts, cfg, fast=False).response_ids)
+    assert set(packed._PACKS[model]) == {"views"}

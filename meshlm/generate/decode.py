@@ -50,12 +50,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 class FastForward:
     """A decoder's KV-cache forward on packed weights, last position only (module docstring)."""
 
-    def __init__(self, model: Transformer, weights: str = "fp32") -> None:
+    def __init__(self, model: Transformer, weights: str = "fp32", copies: bool = True) -> None:
         self.model = _inner(model)
         self.cfg = self.model.cfg
         param = next(self.model.parameters())
         check_weight_format(weights, param.device, param.dtype)
         self.weight_format = weights  # "fp32": the model's own weights; "int8", "int4": generate/int8.py, int4.py
+        # False: fp32 products on the view pack only — the model's own weights, multiplied as its plain forward
+        # multiplies them (training rollouts: see objectives/rl.py); True: the fastest pack for the rows (packed.py)
+        self.copies = copies
 
     def weights(self, batch: int, decode: bool = True) -> PackedModel:
         """The pack for ``batch`` rows, repacked only when the parameters changed. int8 (and int4) serve decode steps
@@ -63,8 +66,8 @@ class FastForward:
         compute-bound, so int8 gains little there, and an int8 prefill doubles the error of the cache every later
         step reads (SmolLM2: logits 0.28 off fp32's over the steps against 0.14; docs/benchmarks.md "int8 decode
         weights")."""
-        fp32 = self.weight_format == "fp32"
-        return packed_weights(self.model, batch, self.weight_format if decode else "fp32", copies=decode or fp32)
+        copies = self.copies and (decode or self.weight_format == "fp32")
+        return packed_weights(self.model, batch, self.weight_format if decode else "fp32", copies=copies)
 
     def prepare(self, batch: int = 1) -> int:
         """Make now the packs that generating ``batch`` rows will multiply — the prefill's and the decode steps'
@@ -72,11 +75,13 @@ class FastForward:
         return the bytes they hold beyond the model's own weights (:func:`~meshlm.generate.packed.pack_bytes`:
         SmolLM2-135M, fp32: the row pack's copies, ~540 MB in column blocks on more than one core (split.py; they
         also serve prefills and batches of 5 rows or more), ~400 MB on one; the view pack: ~0)."""
-        fp32 = self.weight_format == "fp32"  # an int8 or int4 model's prefill takes the view pack (no fp32 copy)
-        variants = {pack_variant(self.model, batch, self.weight_format): (batch, self.weight_format),
-                    pack_variant(self.model, 1 << 20, "fp32", fp32): (1 << 20, "fp32")}  # decode, a prefill's
-        return sum(pack_bytes(packed_weights(self.model, rows, weights, weights != "fp32" or fp32), self.model)
-                   for rows, weights in variants.values())
+        # an int8 or int4 model's prefill takes the view pack (no fp32 copy beside the quantized one)
+        prefill_copies = self.copies and self.weight_format == "fp32"
+        variants = {pack_variant(self.model, batch, self.weight_format, self.copies): (batch, self.weight_format,
+                                                                                       self.copies),
+                    pack_variant(self.model, 1 << 20, "fp32", prefill_copies): (1 << 20, "fp32", prefill_copies)}
+        return sum(pack_bytes(packed_weights(self.model, rows, weights, copies), self.model)
+                   for rows, weights, copies in variants.values())
 
     def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):
         """Full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by every layer."""
@@ -309,7 +314,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return out.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, H·Dh)
 
 
-def fast_forward(model: nn.Module, weights: str = "fp32") -> nn.Module | FastForward:
+def fast_forward(model: nn.Module, weights: str = "fp32", copies: bool = True) -> nn.Module | FastForward:
     """The fast KV-cache forward for ``model`` (last-position logits, module docstring), or ``model`` itself when
     the fast path does not apply to it. ``weights="int8"`` (``"int4"``) multiplies int8 (4-bit) copies of the weights
     (meshlm/generate/int8.py, int4.py) and needs the fast path: a model it does not apply to is refused."""
@@ -319,4 +324,4 @@ def fast_forward(model: nn.Module, weights: str = "fp32") -> nn.Module | FastFor
             raise ConfigError(f"--weights {weights} needs meshlm's packed decode path, which this model cannot use: "
                               f"{reason}")
         return model
-    return FastForward(model, weights)
+    return FastForward(model, weights, copies)

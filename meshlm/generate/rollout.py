@@ -113,7 +113,7 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], params: Sampling
             vocab_limit: int | None = None, generator: torch.Generator | None = None,
             device: torch.device | str = "cpu", all_finished: Callable[[bool], bool] | None = None,
             row_seeds: Sequence[int] | None = None, prompt_width: int | None = None, fast: bool = True,
-            weights: str = "fp32") -> Rollout:
+            weights: str = "fp32", copies: bool = True) -> Rollout:
     """Generate a response for every prompt, all rows decoded together with one KV cache, each row sampled by
     ``params`` with the one sampler (meshlm/generate/sampling.py).
 
@@ -125,13 +125,15 @@ def rollout(model: nn.Module, prompts: Sequence[Sequence[int]], params: Sampling
     fixes P (module docstring); ``pad_id`` fills the slots past a row's end; ``vocab_limit`` excludes embedding
     rows beyond the tokenizer. ``fast=False`` runs the model's plain forward instead of the fast decode path
     (meshlm/generate/decode.py); ``weights="int8"`` decodes on int8 copies of the weights (meshlm/generate/int8.py;
-    not for training rollouts, whose log-probabilities must be the policy's own).
+    not for training rollouts, whose log-probabilities must be the policy's own). ``copies=False`` multiplies the
+    model's own weights as its plain forward does (no column-block copies, meshlm/generate/split.py): what
+    training rollouts use, so that a single device samples the same tokens as a sharded layout's plain forward.
     """
     net = unwrap(model)
     prompt_ids, prompt_mask = left_pad(prompts, pad_id, device, prompt_width)
     B, P = prompt_ids.shape
     steps = _check(params, P, net, fast, weights)
-    forward = fast_forward(net, weights) if fast else net
+    forward = fast_forward(net, weights, copies) if fast else net
     shared = row_seeds is None and params.seed is None
     if generator is not None and not shared:
         raise ConfigError("rollout(): the rows are seeded (row_seeds or params.seed); drop the generator, or the seeds")

@@ -224,8 +224,12 @@ class RLObjective(Objective):
         self.policy.eval()
         start = time.perf_counter()
         with self.autocast():
+            # copies=False: the policy's own weights, multiplied as a sharded layout's plain forward multiplies them
+            # (column blocks sum in another order and flipped sampled tokens against FSDP: test_rl's parity), and
+            # no packed copy to rebuild after every optimizer step
             out = rollout(self.policy, prompts, self.sampling, pad_id=self.pad_id, vocab_limit=self.vocab_limit,
-                          device=self.device, all_finished=self._all_finished, row_seeds=seeds, prompt_width=width)
+                          device=self.device, all_finished=self._all_finished, row_seeds=seeds, prompt_width=width,
+                          copies=False)
         seconds = time.perf_counter() - start
         self.policy.train()
         self._metrics.add("rollout_tokens_per_s", torch.tensor(out.num_tokens / seconds))
