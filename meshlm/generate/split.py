@@ -19,6 +19,7 @@ with zero columns when ``out`` is not a multiple of ``P``, and the padding is cu
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -26,9 +27,11 @@ import torch
 MAX_SPLITS = 8  # blocks per matrix at most: measured at P = 2 and 4 on 2 cores (the same); more cores not measured
 
 
+@functools.lru_cache(maxsize=None)
 def row_splits(device: torch.device) -> int:
     """Column blocks per matrix for a one-row product on ``device``: the cores this process may use (at most
-    :data:`MAX_SPLITS`) on CPU, 1 elsewhere (CUDA's one-row products already use the whole GPU)."""
+    :data:`MAX_SPLITS`) on CPU, 1 elsewhere (CUDA's one-row products already use the whole GPU). Read once per
+    device and process: every forward asks (packed.py ``pack_variant``)."""
     if device.type != "cpu":
         return 1
     try:
