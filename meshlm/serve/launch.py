@@ -63,10 +63,11 @@ def make_loader(opts: ServeOptions, registry=None):
     bases: dict[str, LocalBackend] = {}
 
     def load_local(entry) -> LocalBackend:  # in a worker thread: loading and packing on one torch thread, so that
+        threads = opts.engine_threads or torch.get_num_threads()  # (read first: unset, the engine gets the default)
         torch.set_num_threads(1)  # only the engine thread keeps a multi-threaded OpenMP team (engine.py's _run)
         return LocalBackend.load(entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
                                  max_queue=opts.max_queue, weights=opts.weights,
-                                 prefix_cache_bytes=opts.prefix_cache_mb << 20, threads=opts.engine_threads)
+                                 prefix_cache_bytes=opts.prefix_cache_mb << 20, threads=threads)
 
     async def local(entry) -> LocalBackend:
         backend = await anyio.to_thread.run_sync(load_local, entry)
