@@ -18,6 +18,7 @@ from meshlm.generate.packed import ROW_PACK_MAX_BATCH, packed_weights
 from meshlm.generate.params import SamplingParams
 from meshlm.generate.rollout import rollout
 from meshlm.models import build_model, flavor_config
+from meshlm.models.families.gemma3 import FLAGS as GEMMA3_FLAGS
 from meshlm.models.lora import apply_lora, reset_lora_parameters
 
 # fp32 throughout. The fast path sums the same products in other groupings (q/k/v in one matmul, residual adds
@@ -29,6 +30,10 @@ ARCHS = {
     "qwen3-qknorm": dict(qk_norm=True),
     "mistral-window": dict(sliding_window=6),
     "untied-mha": dict(tie_embeddings=False, n_kv_heads=4),
+    # (1 + w) norms, post-norms, GeGLU, scaled embeddings, q/k norms, a query scalar, sliding layers with a RoPE
+    # base of their own
+    "gemma3": dict(family="gemma3", **GEMMA3_FLAGS, sliding_window=6, layer_kinds=["sliding", "global", "sliding"],
+                   rope_local_theta=500.0, query_pre_attn_scalar=24.0),
 }
 PROMPTS = [[5, 17, 3], [9], [44, 12, 7, 10, 3, 81, 64], [20, 21]]
 
@@ -38,11 +43,12 @@ def tiny(seed: int = 0, **overrides):
                 init_std=0.2)
     cfg = dataclasses.replace(flavor_config("debug"), **{**base, **overrides})
     model = build_model(cfg, "cpu", seed=seed).eval()
-    if cfg.qkv_bias:  # biases start at zero: give them values so that the test sees them
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(".bias"):
-                    p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    with torch.no_grad():  # biases and norm weights start at zero or one: give them values the test sees
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+            elif "norm" in name:
+                p.add_(torch.linspace(-0.2, 0.2, p.shape[0]))
     return model
 
 
@@ -62,6 +68,25 @@ def test_logits_equal_the_plain_forward_at_prefill_and_each_step(arch):
             token = want[:, -1].argmax(-1, keepdim=True)  # (1, 1)
             want = model(token, cache=slow_cache, start_pos=pos)
             torch.testing.assert_close(fast(token, cache=fast_cache, start_pos=pos), want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_bf16_model_decodes_on_the_fast_path(arch):
+    """A bf16 model's fast path keeps bf16 activations between ops as its plain forward does (RoPE's fp32 tables
+    once promoted q and k to fp32 and the next product failed on the mixed dtypes)."""
+    model = tiny(**ARCHS[arch]).to(torch.bfloat16)
+    fast = fast_forward(model)
+    assert isinstance(fast, FastForward)
+    ids = torch.tensor([[5, 17, 3, 42, 8, 1, 30, 2]])
+    slow_cache, fast_cache = model.new_cache(1, 20), model.new_cache(1, 20)
+    with torch.no_grad():
+        want = model(ids, cache=slow_cache, start_pos=0)[:, -1:]
+        for pos in range(8, 12):
+            got = fast(ids if pos == 8 else token, cache=fast_cache, start_pos=0 if pos == 8 else pos - 1)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+            token = want[:, -1].argmax(-1, keepdim=True)
+            want = model(token, cache=slow_cache, start_pos=pos)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -113,7 +138,7 @@ def test_split_matrix_is_the_product_of_its_matrix():
 
 
 @pytest.mark.parametrize("arch, rows", [("llama", 1), ("qwen2-bias", 1), ("mistral-window", 4), ("qwen2-bias", 8),
-                                        ("llama", 8)])
+                                        ("llama", 8), ("gemma3", 4)])
 def test_padded_batch_logits_equal_the_plain_forward(arch, rows):
     # a one-row decode step takes the row pack (fused copies); more rows (and every prefill of several tokens) the
     # view pack (the model's own weights), multiplied with the operands swapped: ROW_PACK_MAX_BATCH

@@ -42,8 +42,8 @@ def tiny(family: str, local_rope: bool):
 def test_decoding_equals_the_full_forward_on_the_path_the_family_declares(family, local_rope):
     model = tiny(family, local_rope)
     fast = fast_forward(model)
-    # The packed block serves a family that declares one, unless the model uses what it lacks (per-kind RoPE).
-    expected = family_spec(family).packed_decode and not local_rope
+    # The packed block serves a family that declares one (every family today: Gemma 3's per-kind RoPE included).
+    expected = family_spec(family).packed_decode
     assert isinstance(fast, FastForward) == expected == supports_packed(model.cfg)
     prompt = [5, 17, 3, 42, 8, 1, 30]
     ids = list(prompt)

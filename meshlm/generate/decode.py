@@ -39,12 +39,14 @@ from meshlm.models.fused import rope_tables
 from meshlm.models.llama import KVCache, Transformer, attention_mask
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_in_fp32: bool = False) -> torch.Tensor:
     """meshlm's RMSNorm over the last dim: in fp32, cast back, then the weight, which may also broadcast over
-    heads ((heads, Dh) for q/k norms). One fused op for fp32 and a (D,) weight."""
+    heads ((heads, Dh) for q/k norms); ``weight_in_fp32`` (Gemma's 1 + w): the weight before the cast back. One
+    fused op for fp32 and a (D,) weight."""
     if x.dtype == torch.float32 and weight.dim() == 1:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps).type_as(x) * weight
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    return (normed * weight).type_as(x) if weight_in_fp32 else normed.type_as(x) * weight
 
 
 class FastForward:
@@ -83,17 +85,23 @@ class FastForward:
         return sum(pack_bytes(packed_weights(self.model, rows, weights, copies), self.model)
                    for rows, weights, copies in variants.values())
 
-    def _rope(self, B: int, T: int, start_pos: int, position_ids: torch.Tensor | None):
-        """Full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by every layer."""
-        m = self.model
-        if position_ids is None:
-            cos, sin = m.rope_cos[start_pos:start_pos + T], m.rope_sin[start_pos:start_pos + T]  # (T, Dh/2)
-        else:
-            cos, sin = m.rope_cos[position_ids], m.rope_sin[position_ids]  # (B, T, Dh/2)
-        cos2, sin2 = rope_tables(cos, sin)
-        if cos2.dim() == 2:
-            cos2, sin2 = cos2[None], sin2[None]
-        return cos2[:, :, None, :], sin2[:, :, None, :]
+    def _rope(self, T: int, start_pos: int, position_ids: torch.Tensor | None,
+              kinds: set[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Layer kind -> full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by the layers of
+        that kind (one kind but for Gemma 3, whose sliding layers have a RoPE base of their own)."""
+        tables = {}
+        for kind, (cos, sin) in self.model._tables().items():
+            if kind not in kinds:
+                continue
+            if position_ids is None:
+                cos, sin = cos[start_pos:start_pos + T], sin[start_pos:start_pos + T]  # (T, Dh/2)
+            else:
+                cos, sin = cos[position_ids], sin[position_ids]  # (B, T, Dh/2)
+            cos2, sin2 = rope_tables(cos, sin)
+            if cos2.dim() == 2:
+                cos2, sin2 = cos2[None], sin2[None]
+            tables[kind] = cos2[:, :, None, :], sin2[:, :, None, :]
+        return tables
 
     @staticmethod
     def _masks(w: PackedModel, T: int, S: int, padding_mask: torch.Tensor | None,
@@ -124,32 +132,43 @@ class FastForward:
         B, T = tokens.shape
         S = start_pos + T
         w = self.weights(B * T, decode=T == 1)  # the pack for this many rows: one row (a decode step) or several
-        cos, sin = self._rope(B, T, start_pos, position_ids)
+        rope = self._rope(T, start_pos, position_ids, {layer.rope for layer in w.layers})
         masks = self._masks(w, T, S, padding_mask, tokens.device)
         x = F.embedding(tokens, w.embedding).view(B * T, -1)  # (B·T, D)
+        if w.embed_scale is not None:
+            x = x * w.embed_scale
         for layer, layer_cache in zip(w.layers, cache):
-            x = self._block(x, layer, w, B, T, cos, sin, layer_cache, start_pos, masks[layer.window])
+            x = self._block(x, layer, w, B, T, *rope[layer.rope], layer_cache, start_pos, masks[layer.window])
         out = x if all_positions else x.view(B, T, -1)[:, -1]  # (B·T | B, D)
-        return _mm(_rms_norm(out, w.norm, w.norm_eps), w.head).view(B, T if all_positions else 1, -1)  # (B, T|1, V)
+        out = _rms_norm(out, w.norm, w.norm_eps, w.norm_in_fp32)
+        return _mm(out, w.head).view(B, T if all_positions else 1, -1)  # (B, T|1, V)
 
     def _block(self, x: torch.Tensor, layer: PackedLayer, w: PackedModel, B: int, T: int, cos: torch.Tensor,
                sin: torch.Tensor, cache: KVCache, start_pos: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """x (B·T, D) -> (B·T, D) through one pre-norm block."""
+        """x (B·T, D) -> (B·T, D) through one pre-norm block (with Gemma's post-norms: each branch's output normed
+        before its residual add)."""
         H, Hkv, Dh = w.n_heads, w.n_kv_heads, w.head_dim
-        h = _rms_norm(x, layer.attention_norm, w.norm_eps)
+        eps, fp32 = w.norm_eps, w.norm_in_fp32
+        h = _rms_norm(x, layer.attention_norm, eps, fp32)
         qkv = _project(h, layer.wqkv, layer.bqkv).view(B, T, H + 2 * Hkv, Dh)
         qk, v = qkv[:, :, :H + Hkv], qkv[:, :, H + Hkv:]  # (B, T, H + Hkv, Dh), (B, T, Hkv, Dh)
         if layer.qk_norm is not None:
-            qk = _rms_norm(qk, layer.qk_norm, w.norm_eps)  # per head, before RoPE (Qwen3)
+            qk = _rms_norm(qk, layer.qk_norm, eps, fp32)  # per head, before RoPE (Qwen3, Gemma 3)
         qk = _rotate(qk, cos, sin)
         q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (B, H, T, Dh), (B, Hkv, T, Dh)
         keys, values = cache.update(start_pos, k, v.transpose(1, 2))  # (B, Hkv, S, Dh)
-        out = _attention(q, keys, values, mask)  # (B, T, H·Dh)
-        x = _addmm(x, out.view(B * T, H * Dh), layer.wo)  # residual + attention
-        h = _rms_norm(x, layer.ffn_norm, w.norm_eps)
+        out = _attention(q, keys, values, mask, w.attn_scale).view(B * T, H * Dh)
+        if layer.post_attention_norm is None:
+            x = _addmm(x, out, layer.wo)  # residual + attention
+        else:
+            x = x + _rms_norm(_mm(out, layer.wo), layer.post_attention_norm, eps, fp32)
+        h = _rms_norm(x, layer.ffn_norm, eps, fp32)
         gate_up = _project(h, layer.w13)  # (B·T, 2F)
         F_ = gate_up.shape[1] // 2
-        return _addmm(x, F.silu(gate_up[:, :F_]) * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
+        gate = F.gelu(gate_up[:, :F_], approximate="tanh") if w.gelu else F.silu(gate_up[:, :F_])
+        if layer.post_ffn_norm is None:
+            return _addmm(x, gate * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
+        return x + _rms_norm(_mm(gate * gate_up[:, F_:], layer.w2), layer.post_ffn_norm, eps, fp32)
 
 
 # The thread policy. Measured on SmolLM2-135M with 1 and 2 threads alternating (docs/benchmarks.md "Threads per
@@ -290,11 +309,13 @@ def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Te
     """RoPE (rotate_half layout) on x (B, T, heads, Dh) with full-width tables: x·cos2 + swap(x)·sin2."""
     half = x.shape[-1] // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos2, swapped, sin2)
+    return torch.addcmul(x * cos2, swapped, sin2).type_as(x)  # fp32 tables: rotated in fp32, cast back
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B|1, 1, T, S) or None (causal) -> (B, T, H·Dh).
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               scale: float | None = None) -> torch.Tensor:
+    """q (B, H, T, Dh), k/v (B, Hkv, S, Dh), mask (B|1, 1, T, S) or None (causal) -> (B, T, H·Dh); scores scaled by
+    ``scale`` (None: 1 / sqrt(Dh)).
 
     sdpa for decode steps too: a hand-written pair of batched matmuls + softmax measured 2× faster with one thread,
     but with two threads on the loaded machine each of those tiny ops paid ~16 ms of OpenMP barrier (torch.profiler),
@@ -304,13 +325,13 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     S = k.shape[2]
     gqa = H != k.shape[1]
     if mask is None and T == S:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
     elif mask is None and T == 1:  # a decode step: the new token sees every cached position
-        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, scale=scale)
     else:
         if mask is None:  # a chunk after cached tokens: causal aligned bottom-right
             mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
     return out.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, H·Dh)
 
 

@@ -24,6 +24,10 @@ A third variant, the **int8 pack** (``--weights int8``: decode steps of any batc
 :class:`~meshlm.generate.int8.Int8Matrix` — q/k/v fused (their bias folded in), o, gate/up fused, down, the head;
 the **int4 pack** (``--weights int4``) the same matrices as :class:`~meshlm.generate.int4.Int4Matrix`.
 
+Every pack also carries what the family's block needs beside its matrices (decode.py ``FastForward._block``):
+norm weights (Gemma's (1 + w) held as 1 + w in fp32), Gemma 3's post-attention and post-MLP norms, each layer's
+RoPE kind (sliding layers with a base of their own), the embedding scale, the scores' scale and the MLP's gate.
+
 A pack is made once and reused while the model's parameters are unchanged: :func:`packed_weights` keeps one of
 each variant per model and rebuilds it when any parameter was modified in place (an optimizer step bumps a
 tensor's version counter) or replaced.
@@ -68,6 +72,9 @@ class PackedLayer:
     w13: list[torch.Tensor]  # [(D, 2 F)] or [(D, F), (D, F)]: the gate (w1), then the up projection (w3)
     w2: torch.Tensor  # (F, D)
     window: int  # the layer's attention window, 0 for full causal attention
+    rope: str  # "global" or "sliding": the RoPE tables the layer reads (Gemma 3's sliding layers: a base of their own)
+    post_attention_norm: torch.Tensor | None  # (D,) Gemma's norm of the attention output before its residual add
+    post_ffn_norm: torch.Tensor | None  # (D,) and of the MLP's
 
 
 @dataclass
@@ -80,6 +87,10 @@ class PackedModel:
     n_heads: int
     n_kv_heads: int
     head_dim: int
+    norm_in_fp32: bool  # norm weights multiply in fp32 before the cast back (Gemma's (1 + w), held as 1 + w)
+    embed_scale: torch.Tensor | None  # () sqrt(D) in the embedding's dtype (Gemma), or None
+    attn_scale: float | None  # scores' scale (Gemma: query_pre_attn_scalar ** -0.5); None: 1 / sqrt(Dh)
+    gelu: bool  # the MLP's gate: tanh-approximated GELU (GeGLU, Gemma), else SiLU (SwiGLU)
 
 
 def _inner(module: nn.Module) -> nn.Module:
@@ -100,7 +111,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if not isinstance(model, Transformer):
         return f"not a meshlm decoder ({type(model).__name__})"
     if not supports_packed(model.cfg):  # the family declares no packed block (meshlm/models/families/)
-        return f"the {model.cfg.family} family (or this model's RoPE bases / query scalar) has no packed block"
+        return f"the {model.cfg.family} family has no packed block"
     if model.tok_embeddings is None or model.norm is None or not isinstance(model.output, OutputHead):
         return "a pipeline stage or a model without its vocabulary head"
     for name, p in model.named_parameters():
@@ -138,7 +149,16 @@ def _matrices(weights: list[torch.Tensor], fuse: bool, splits: int = 1) -> list:
     return [w.t() for w in weights]
 
 
-def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, variant: str,
+def _norm(norm: nn.Module | None) -> torch.Tensor | None:
+    """A norm's weight as the packed block multiplies it: the parameter itself, or Gemma's (1 + w) in fp32 (a new
+    tensor; meshlm/models/llama.py RMSNorm)."""
+    if norm is None:
+        return None
+    weight = norm.weight.detach()
+    return 1.0 + weight.float() if norm.unit_offset else weight
+
+
+def _pack_layer(block: nn.Module, window: int, rope: str, n_heads: int, n_kv_heads: int, variant: str,
                 splits: int = 1) -> PackedLayer:
     block = _inner(block)
     attn, ffn = _inner(block.attention), _inner(block.feed_forward)
@@ -146,11 +166,12 @@ def _pack_layer(block: nn.Module, window: int, n_heads: int, n_kv_heads: int, va
     bqkv = torch.cat(biases) if biases[0] is not None else None
     qk_norm = None
     if attn.q_norm is not None:
-        qk_norm = torch.cat([attn.q_norm.weight.detach().expand(n_heads, -1),
-                             attn.k_norm.weight.detach().expand(n_kv_heads, -1)])  # (H + Hkv, Dh)
+        qk_norm = torch.cat([_norm(attn.q_norm).expand(n_heads, -1),
+                             _norm(attn.k_norm).expand(n_kv_heads, -1)])  # (H + Hkv, Dh)
     qkv, gate_up = [_weight(attn.wq), _weight(attn.wk), _weight(attn.wv)], [_weight(ffn.w1), _weight(ffn.w3)]
-    common = dict(attention_norm=block.attention_norm.weight.detach(), qk_norm=qk_norm,
-                  ffn_norm=block.ffn_norm.weight.detach(), window=window)
+    common = dict(attention_norm=_norm(block.attention_norm), qk_norm=qk_norm, ffn_norm=_norm(block.ffn_norm),
+                  window=window, rope=rope, post_attention_norm=_norm(block.post_attention_norm),
+                  post_ffn_norm=_norm(block.post_ffn_norm))
     if variant in QUANTIZED:  # fused q/k/v (bias folded in) and gate/up, each one quantized matrix
         quantized = QUANTIZED[variant]
         return PackedLayer(wqkv=[quantized(torch.cat(qkv), bqkv)], bqkv=None, wo=quantized(_weight(attn.wo)),
@@ -175,14 +196,20 @@ def pack(model: Transformer, variant: str) -> PackedModel:
     model = _inner(model)
     cfg = model.cfg
     splits = row_splits(next(model.parameters()).device) if variant == "rows" else 1
-    layers = [_pack_layer(block, cfg.layer_window(int(name)), cfg.n_heads, cfg.n_kv_heads, variant, splits)
+    kinds = cfg.resolved_layer_kinds()
+    layers = [_pack_layer(block, cfg.layer_window(int(name)), kinds[int(name)], cfg.n_heads, cfg.n_kv_heads, variant,
+                          splits)
               for name, block in model.layers.items()]
     out = _weight(model.output)
     head = QUANTIZED[variant](out) if variant in QUANTIZED else _matrices([out], variant == "rows", splits)[0]
-    return PackedModel(embedding=model.tok_embeddings.weight.detach(), layers=layers,
-                       norm=model.norm.weight.detach(), head=head,
+    embedding = model.tok_embeddings.weight.detach()
+    return PackedModel(embedding=embedding, layers=layers, norm=_norm(model.norm), head=head,
                        norm_eps=cfg.norm_eps, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                       head_dim=cfg.resolved_head_dim)
+                       head_dim=cfg.resolved_head_dim, norm_in_fp32=cfg.norm_unit_offset,
+                       embed_scale=torch.tensor(cfg.dim ** 0.5, dtype=embedding.dtype) if cfg.scale_embeddings
+                       else None,  # sqrt(D) rounded to the weights' dtype, as the plain forward
+                       attn_scale=cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar else None,
+                       gelu=cfg.mlp_activation == "gelu_tanh")
 
 
 def _state_key(model: nn.Module) -> tuple:
@@ -244,7 +271,7 @@ def pack_bytes(packed: PackedModel, model: nn.Module) -> int:
     tensors: list = [packed.embedding, packed.norm, packed.head]
     for layer in packed.layers:
         tensors += [layer.attention_norm, *layer.wqkv, layer.bqkv, layer.qk_norm, layer.wo, layer.ffn_norm,
-                    *layer.w13, layer.w2]
+                    *layer.w13, layer.w2, layer.post_attention_norm, layer.post_ffn_norm]
     total = 0
     for t in tensors:
         if isinstance(t, Int8Matrix):

@@ -37,10 +37,9 @@ def spec_of(cfg: ModelConfig) -> FamilySpec:
 
 
 def supports_packed(cfg: ModelConfig) -> bool:
-    """Whether the packed decode block (meshlm/generate/packed.py) serves this model: its family declares one, and
-    the model uses nothing that block lacks (sliding layers with RoPE tables of their own, a query scalar). Any
+    """Whether the packed decode block (meshlm/generate/packed.py) serves this model: its family declares one. Any
     other model decodes on its plain forward."""
-    return spec_of(cfg).packed_decode and not cfg.local_rope and not cfg.query_pre_attn_scalar
+    return spec_of(cfg).packed_decode
 
 
 def family_of_hf(hf: dict) -> str:

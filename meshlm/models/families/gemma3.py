@@ -212,6 +212,6 @@ SPEC = FamilySpec(
     tokenizer="sentencepiece",
     chat_template=CHAT_TEMPLATE,
     chat_tokens=("<start_of_turn>", "<end_of_turn>"),
-    packed_decode=False,  # the packed block has no post-norms, GeGLU or (1 + w) norms: plain forward
+    packed_decode=True,  # post-norms, GeGLU, (1 + w) norms, per-kind RoPE: meshlm/generate/decode.py
     flags=FLAGS,
 )
