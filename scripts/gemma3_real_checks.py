@@ -5,6 +5,7 @@
     python scripts/gemma3_real_checks.py roundtrip RUN OUT_DIR        # to-gguf, from-gguf again, max |Δ logit|
     python scripts/gemma3_real_checks.py serve RUN WORK_DIR           # meshlm serve + the official openai client
     python scripts/gemma3_real_checks.py plan SFT_RUN_DIR             # plan_prediction.json vs the run's metrics
+    python scripts/gemma3_real_checks.py packed RUN                   # packed block vs plain forward; int8 vs fp32
     python scripts/gemma3_real_checks.py smoke-data - OUT_DIR         # the small eval files of the align smoke run
 
 RUN is a run directory of ``meshlm convert from-gguf`` (or a fine-tuned one); FILE defaults to where ``meshlm
@@ -164,6 +165,42 @@ def check_plan(run: Path) -> dict:
             "step_measured_over_predicted": step_s / prediction["step_time_s"], "steps": len(steps)}
 
 
+def check_packed(run: Path, prompts: int = 4, steps: int = 32) -> dict:
+    """The packed decode block against the model's plain forward (fp32: the largest logit difference over a 32-token
+    prefill and ``steps`` steps, and ``generate``'s greedy tokens both ways), and its int8 weights against its fp32
+    ones (teacher-forced on fp32's greedy tokens: top-1 agreement and relative logit error). Random prompts, seeded."""
+    import torch
+
+    from meshlm.checkpoint.load import model_from_checkpoint
+    from meshlm.generate import generate
+    from meshlm.generate.decode import FastForward
+
+    model, *_ = model_from_checkpoint(str(run))
+    model.eval()
+    fp32, int8 = FastForward(model), FastForward(model, weights="int8")
+    worst, scale, agree, total, errors, identical = 0.0, 0.0, 0, 0, [], 0
+    for seed in range(prompts):
+        ids = torch.randint(0, model.cfg.vocab_size, (1, 32), generator=torch.Generator().manual_seed(seed))
+        caches = [model.new_cache(1, 32 + steps) for _ in range(3)]
+        with torch.no_grad():
+            plain = model(ids, cache=caches[0])[:, -1:]
+            fast, quant = fp32(ids, cache=caches[1]), int8(ids, cache=caches[2])
+            for pos in range(32, 32 + steps):
+                worst, scale = max(worst, (plain - fast).abs().max().item()), max(scale, plain.abs().max().item())
+                token = fast[:, -1].argmax(-1, keepdim=True)
+                agree, total = agree + int(token.item() == quant[:, -1].argmax(-1).item()), total + 1
+                errors.append(((fast - quant).norm() / fast.norm()).item())
+                plain = model(token, cache=caches[0], start_pos=pos)
+                fast, quant = fp32(token, cache=caches[1], start_pos=pos), int8(token, cache=caches[2], start_pos=pos)
+        prompt = ids[0].tolist()
+        identical += generate(model, prompt, steps, greedy=True, eos_id=None) == \
+            generate(model, prompt, steps, greedy=True, eos_id=None, fast=False)
+    errors.sort()
+    return {"prompts": prompts, "steps": steps, "max_abs_logit_diff_packed_vs_plain": worst, "largest_logit": scale,
+            "greedy_identical_packed_vs_plain": f"{identical}/{prompts}", "int8_top1_agreement": f"{agree}/{total}",
+            "int8_relative_logit_error_median": errors[len(errors) // 2], "int8_relative_logit_error_max": errors[-1]}
+
+
 def smoke_data(out: Path, heldout_every: int = 14, facts_every: int = 12) -> dict:
     """Every n-th row of the embedded held-out prompts and factual questions (order kept, so each category and
     topic keeps a share): the evaluation sets of configs/align-gemma3-270m-smoke.toml."""
@@ -183,7 +220,7 @@ def main() -> None:
     from meshlm.cli.fetch import model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("check", choices=("greedy", "roundtrip", "serve", "plan", "smoke-data"))
+    parser.add_argument("check", choices=("greedy", "roundtrip", "serve", "plan", "packed", "smoke-data"))
     parser.add_argument("run", type=Path)
     parser.add_argument("out", type=Path, nargs="?", default=Path("gemma3-checks"))
     parser.add_argument("--gguf", type=Path, default=None)
@@ -198,6 +235,8 @@ def main() -> None:
         report |= check_serve(args.run, args.out)
     elif args.check == "plan":
         report |= check_plan(args.run)
+    elif args.check == "packed":
+        report |= check_packed(args.run)
     else:
         report |= smoke_data(args.out)
     report["load_after"] = load()
