@@ -164,3 +164,25 @@ def test_sample_temperature_and_top_p():
     assert draws == {0, 1, 2, 3}  # a hot temperature reaches every token
     one = [RowSampler(SamplingParams(), 4, seed=0)]
     assert sample(logits[:1], one, vocab_limit=1).tokens.tolist() == [0]  # rows past the tokenizer excluded
+
+
+def test_the_engine_thread_runs_torch_on_its_threads_and_the_caller_keeps_its_own():
+    """`meshlm serve` keeps every thread but the engine's on one torch thread (a second multi-threaded OpenMP team
+    slowed every op: docs/benchmarks.md, session 17): the engine thread sets its own count, whatever its creator's."""
+    model = tiny_model()
+    seen: list[int] = []
+    caller = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = BatchEngine(model, DigitTokenizer(), max_batch=2, threads=2)
+        inner = engine._fast
+        engine._fast = lambda *a, **kw: (seen.append(torch.get_num_threads()), inner(*a, **kw))[1]
+        try:
+            seq, done = _collect(engine, [3, 4, 5], 3, Sampling(temperature=0.0))
+            assert done.wait(60) and len(seq.generated) == 3
+        finally:
+            engine.close()
+        assert seen and set(seen) == {2}, seen  # every forward of the engine thread, prefill and steps
+        assert torch.get_num_threads() == 1  # the caller's count untouched
+    finally:
+        torch.set_num_threads(caller)
