@@ -214,7 +214,9 @@ def test_safe_prompts_are_encoded_only_readably_and_typos_keep_the_subject():
 # The bytes of a small synthesis and of the red-team rows for a fixed seed, recorded before safety/ was reorganised
 # into plug-ins and data files (and equal at every step since). They may change only with a deliberate change of
 # the synthesis material, the templates or the frames: then record the new digests in the same commit and say why.
-SYNTH_SHA256 = "fbd6c41ed3187e71dd8f0bbab2d320a87779c6312e2bcae194ae1142ea686d39"
+# Session 18: frame writer fw1's 151 training frames joined the six families' FRAMES (the synthesis digest changed;
+# the red-team rows, built from the evaluation templates, did not).
+SYNTH_SHA256 = "40bb1ac1c4a8df309a179f2d7eb5a1164c81e33a74ae6c1105ef7c96b2d7f1f5"
 REDTEAM_SHA256 = "1d06ddd55a81a4f3326740382b3d82aefc3f1f34f67c5d51551f62cfc13f2615"
 
 
