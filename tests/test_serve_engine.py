@@ -186,3 +186,39 @@ def test_the_engine_thread_runs_torch_on_its_threads_and_the_caller_keeps_its_ow
         assert torch.get_num_threads() == 1  # the caller's count untouched
     finally:
         torch.set_num_threads(caller)
+
+
+def test_speculative_engine_gives_plain_greedy_tokens_with_drafts_taken():
+    """``speculative="ngram"``: a lone greedy request verifies prompt-lookup drafts (engine.py ``_draft``): its tokens
+    are plain greedy's, drafts are accepted on prompts that repeat themselves, and a stop token, the token limit, a
+    sampled request and requests decoding together are untouched."""
+    from meshlm.errors import ConfigError
+    from tests.test_decode import tiny
+    from tests.test_speculative import PROMPTS
+
+    model = tiny(seed=3)
+    engine = BatchEngine(model, DigitTokenizer(), max_batch=4, speculative="ngram")
+    plain = BatchEngine(model, DigitTokenizer(), max_batch=4)
+    greedy = Sampling(temperature=0.0)
+    try:
+        for prompt in PROMPTS:
+            for n in (1, 2, 13, 30):
+                seq, done = _collect(engine, prompt, n, greedy)
+                assert done.wait(60) and seq.generated == generate(model, prompt, n, greedy=True), (prompt, n)
+        stats = engine.status()
+        assert stats["accepted"] > 0 and stats["decode_steps"] < stats["tokens"]  # drafts were taken
+        want = generate(model, PROMPTS[0], 30, greedy=True)
+        stop = want[9]
+        seq, done = _collect(engine, PROMPTS[0], 30, greedy, eos=frozenset({stop}))
+        assert done.wait(60) and seq.generated == want[:want.index(stop) + 1]
+        sampled = Sampling(temperature=0.9, seed=5)
+        got, ref = _collect(engine, PROMPTS[2], 20, sampled), _collect(plain, PROMPTS[2], 20, sampled)
+        assert got[1].wait(60) and ref[1].wait(60) and got[0].generated == ref[0].generated
+        together = [_collect(engine, p, 12, greedy) for p in PROMPTS]  # one forward for all rows once they join
+        assert all(done.wait(60) for _, done in together)
+        assert [s.generated for s, _ in together] == [generate(model, p, 12, greedy=True) for p in PROMPTS]
+    finally:
+        engine.close()
+        plain.close()
+    with pytest.raises(ConfigError, match="--weights int8"):
+        BatchEngine(model, DigitTokenizer(), weights="int8", speculative="ngram")

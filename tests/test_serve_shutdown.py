@@ -174,3 +174,6 @@ def test_a_bad_drain_timeout_is_a_one_line_error(tmp_path):
     done = meshlm_in_process("serve", "--registry", str(tmp_path / "reg.sqlite"), "--model", "x:v1",
                              "--prefix-cache-mb", "-5")
     assert done.returncode == 2 and "--prefix-cache-mb -5" in done.stderr and "Traceback" not in done.stderr
+    done = meshlm_in_process("serve", "--registry", str(tmp_path / "reg.sqlite"), "--model", "x:v1",
+                             "--speculative", "ngram", "--weights", "int8")
+    assert done.returncode == 2 and "--weights int8" in done.stderr and "Traceback" not in done.stderr

@@ -34,6 +34,11 @@ def register(sub, add_config_args) -> None:
                    help="int8: decode steps on int8 copies of every local model's weights (CPU; faster, not the "
                         "same logits; docs/model.md, 'int8 decode weights'); int4: 4-bit copies (CPU, "
                         "faster still, further from fp32; 'Speed levers')")
+    p.add_argument("--speculative", choices=("ngram",), default=None,
+                   help="ngram: while one greedy request decodes alone (temperature 0, no logit_bias, penalties, "
+                        "response_format or logprobs), verify tokens drafted from its prompt and output (prompt "
+                        "lookup) in one forward: the same tokens, faster where the reply repeats its prompt; fp32 "
+                        "weights only (docs/serving.md, 'Speculative decoding')")
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together per model (default 16)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting per model before new ones get 429 (default 64)")
@@ -78,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
                         ("--max-tokens-cap", args.max_tokens_cap)):
         if value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")
+    if args.speculative and args.weights != "fp32":
+        raise ConfigError(f"--speculative {args.speculative} verifies drafts on fp32 weights (its forward of several "
+                          f"tokens multiplies the fp32 pack); --weights {args.weights}: drop one of them")
     if not 0 <= args.prefix_cache_mb <= 1 << 20:
         raise ConfigError(f"--prefix-cache-mb {args.prefix_cache_mb}: give 0 (off) to 1048576 MiB")
     if not 0 <= args.drain_timeout <= 3600:
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                            force=args.force, device=args.device, max_batch=args.max_batch,
                            max_queue=args.max_queue, max_tokens_cap=args.max_tokens_cap, weights=args.weights,
                            drain_timeout=args.drain_timeout, audit_key=audit_key,
-                           prefix_cache_mb=args.prefix_cache_mb, engine_threads=engine_threads)
+                           prefix_cache_mb=args.prefix_cache_mb, engine_threads=engine_threads,
+                           speculative=args.speculative)
     serve(options)
     return 0

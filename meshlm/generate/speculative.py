@@ -74,7 +74,7 @@ def check_speculative(mode: str | None, params: SamplingParams, weights: str) ->
                           f"--weights {weights}: drop one of them")
 
 
-def _greedy(logits: torch.Tensor, vocab_limit: int | None) -> list[int]:
+def greedy_tokens(logits: torch.Tensor, vocab_limit: int | None) -> list[int]:
     """(T, V) logits -> each position's argmax, as sampling.sample picks a greedy token."""
     logits = logits.float()
     if vocab_limit is not None and vocab_limit < logits.shape[-1]:
@@ -97,11 +97,11 @@ def speculative_greedy(net, cache, prompt_ids: list[int], num_new: int, stop_ids
     drafts (module docstring). ``net`` is a FastForward or a plain decoder; ``cache`` is empty and holds
     len(prompt_ids) + num_new positions."""
     stats = stats if stats is not None else SpeculativeStats()
-    out = [_greedy(_forward_all(net, prompt_ids, cache, 0, device)[-1:], vocab_limit)[0]]
+    out = [greedy_tokens(_forward_all(net, prompt_ids, cache, 0, device)[-1:], vocab_limit)[0]]
     pos = len(prompt_ids)  # the cache slot of out[-1], not yet fed
     while out[-1] not in stop_ids and len(out) < num_new:
         draft = ngram_draft(prompt_ids + out, min(max_draft, num_new - len(out) - 1))
-        chosen = _greedy(_forward_all(net, [out[-1], *draft], cache, pos, device), vocab_limit)  # (1 + k,)
+        chosen = greedy_tokens(_forward_all(net, [out[-1], *draft], cache, pos, device), vocab_limit)  # (1 + k,)
         stats.forwards += 1
         stats.drafted += len(draft)
         for i, token in enumerate(chosen):

@@ -33,6 +33,7 @@ import torch
 from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.params import SamplingParams
 from meshlm.generate.rollout import left_pad
+from meshlm.generate.speculative import MAX_DRAFT, check_speculative, greedy_tokens, ngram_draft
 from meshlm.generate.sampling import RowSampler, TokenMask, row_seed
 from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
@@ -99,8 +100,11 @@ class BatchEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: MeshTokenizer, *, max_batch: int = 16,
                  max_queue: int = 64, device: str | torch.device = "cpu", name: str = "engine",
                  bank: AdapterBank | None = None, weights: str = "fp32", prefix_cache_bytes: int = 0,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, speculative: str | None = None) -> None:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
+        # "ngram": a lone greedy row verifies prompt-lookup drafts (meshlm/generate/speculative.py); see _draft
+        check_speculative(speculative, SamplingParams(temperature=0.0), weights)
+        self.speculative = speculative
         # the engine thread's torch threads (None: this thread's count now); see _run
         self.threads = threads or torch.get_num_threads()
         # prompts' keys and values kept for later prompts that start the same (0 bytes: off; meshlm/serve/prefix.py)
@@ -128,7 +132,7 @@ class BatchEngine:
         self._dense = True  # every row real from slot 0 (no padding mask needed)
         self._mask = self._pos = self._last = torch.empty(0)
         self._stats = {"requests": 0, "decode_steps": 0, "tokens": 0, "batch_rows": 0, "prefills": 0,
-                       "prefill_rows": 0}
+                       "prefill_rows": 0, "drafted": 0, "accepted": 0}
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -391,7 +395,10 @@ class BatchEngine:
             self._rows, self._joining = [*self._rows, *joining], []
 
     def _step(self) -> None:
-        """One decode step for every active row."""
+        """One decode step for every active row (or, for a lone greedy row, a verified draft: :meth:`_speculate`)."""
+        draft = self._draft()
+        if draft:
+            return self._speculate(self._rows[0], draft)
         cur = self._cursor
         self._mask[:, cur] = True
         with self._adapters(self._rows):
@@ -405,6 +412,49 @@ class BatchEngine:
         self._stats["decode_steps"] += 1
         self._stats["batch_rows"] += len(self._rows)
         self._accept(self._rows, logits[:, -1], range(len(self._rows)))
+
+    def _draft(self) -> list[int]:
+        """Prompt-lookup draft tokens for the next forward (meshlm/generate/speculative.py ``ngram_draft``), or []:
+        only with ``speculative`` on, one row decoding without padding on the fast path, and a row whose next tokens
+        are plain greedy choices (no logit bias, penalties, grammar or log-probs), so that the verified tokens are
+        the ones the plain steps would pick. A draft never runs past the row's token limit or the batch's slots."""
+        if not self.speculative or len(self._rows) != 1 or not self._dense or self._forward() is not self._fast:
+            return []
+        seq = self._rows[0]
+        if seq.done or not seq.sampling.greedy or seq.sampler.changes_logits or seq.sampling.logprobs is not None:
+            return []
+        room = min(seq.max_new - len(seq.generated), self._mask.shape[1] - self._cursor) - 1
+        return ngram_draft(seq.prompt + seq.generated, min(MAX_DRAFT, room))
+
+    def _speculate(self, seq: Sequence, draft: list[int]) -> None:
+        """One forward of the row's last token and ``draft``: the greedy token after each; the draft is taken up to
+        its first token that differs from the model's choice, then that choice (speculative.py's rule), each token
+        through the row's own ``accept`` (eos, stop strings, the limit end it as in a plain step). Slots written for
+        rejected draft tokens lie at and beyond the new cursor: the next forward overwrites them."""
+        cur = self._cursor
+        tokens = torch.tensor([[int(self._last[0]), *draft]], dtype=torch.long, device=self.device)  # (1, 1 + k)
+        logits = self._fast(tokens, cache=self._cache, start_pos=cur, all_positions=True)  # (1, 1 + k, V)
+        chosen = greedy_tokens(logits[0], self.tokenizer.vocab_size)
+        taken = next((i for i, (d, c) in enumerate(zip(draft, chosen)) if d != c), len(draft))
+        emitted = [*draft[:taken], chosen[taken]]
+        self._stats["decode_steps"] += 1
+        self._stats["batch_rows"] += 1
+        self._stats["drafted"] += len(draft)
+        self._stats["accepted"] += taken
+        fed = 0  # tokens emitted: the row's cache now holds its last token and the first fed - 1 of them
+        for token in emitted:
+            fed += 1
+            self._last[0] = token
+            self._stats["tokens"] += 1
+            try:
+                seq.accept(token)
+            except Exception as exc:
+                self._fail_rows([seq], exc)
+            if seq.done:
+                break
+        self._mask[:, cur:cur + fed] = True
+        self._cursor, self._pos = cur + fed, self._pos + fed
+        self._retire()
 
     def _forward(self, full: bool = False) -> Callable[..., torch.Tensor]:
         """The fast decode path, or the model's own forward where a caller needs every position's logits or LoRA

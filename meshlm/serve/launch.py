@@ -48,6 +48,7 @@ class ServeOptions:
     audit_key: bytes | None = None  # keys the audit chain (hmac-sha256; meshlm/serve/audit_keys.py)
     prefix_cache_mb: int = 256  # per local model: recent prompts' keys and values (meshlm/serve/prefix.py); 0: off
     engine_threads: int | None = None  # torch threads of each model's engine thread (None: torch's default)
+    speculative: str | None = None  # "ngram": a lone greedy request verifies prompt-lookup drafts (engine.py _draft)
 
 
 def make_loader(opts: ServeOptions, registry=None):
@@ -67,7 +68,8 @@ def make_loader(opts: ServeOptions, registry=None):
         torch.set_num_threads(1)  # only the engine thread keeps a multi-threaded OpenMP team (engine.py's _run)
         return LocalBackend.load(entry, device=device, max_tokens_cap=opts.max_tokens_cap, max_batch=opts.max_batch,
                                  max_queue=opts.max_queue, weights=opts.weights,
-                                 prefix_cache_bytes=opts.prefix_cache_mb << 20, threads=threads)
+                                 prefix_cache_bytes=opts.prefix_cache_mb << 20, threads=threads,
+                                 speculative=opts.speculative)
 
     async def local(entry) -> LocalBackend:
         backend = await anyio.to_thread.run_sync(load_local, entry)

@@ -145,7 +145,8 @@ class LocalBackend:
 
     def __init__(self, ref: str, model: torch.nn.Module, tokenizer, template, eos_ids: list[int],
                  chat_eos_ids: list[int], *, max_tokens_cap: int, max_batch: int, max_queue: int,
-                 device: str, weights: str = "fp32", prefix_cache_bytes: int = 0, threads: int | None = None) -> None:
+                 device: str, weights: str = "fp32", prefix_cache_bytes: int = 0, threads: int | None = None,
+                 speculative: str | None = None) -> None:
         self.ref = ref
         self.tokenizer, self.template = tokenizer, template
         self.eos, self.chat_eos = frozenset(eos_ids), frozenset(chat_eos_ids)
@@ -162,12 +163,12 @@ class LocalBackend:
         self.holders = 1  # this version's own deployment, plus one per adapter version served on it
         self.engine = BatchEngine(model, tokenizer, max_batch=max_batch, max_queue=max_queue, device=device,
                                   name=f"engine-{ref}", bank=self.bank, weights=weights,
-                                  prefix_cache_bytes=prefix_cache_bytes, threads=threads)
+                                  prefix_cache_bytes=prefix_cache_bytes, threads=threads, speculative=speculative)
 
     @classmethod
     def load(cls, entry: ModelVersion, *, device: str = "cpu", max_tokens_cap: int = 1024, max_batch: int = 16,
              max_queue: int = 64, weights: str = "fp32", prefix_cache_bytes: int = 0,
-             threads: int | None = None) -> LocalBackend:
+             threads: int | None = None, speculative: str | None = None) -> LocalBackend:
         """Verify the files against the registry, load, and check the loaded weights' sha256 too (a LoRA
         checkpoint's base lives elsewhere; its change shows only there)."""
         folder = verify_files(entry)
@@ -182,7 +183,7 @@ class LocalBackend:
         eos, chat_eos = stop_ids(tokenizer, ckpt, chat=False), stop_ids(tokenizer, ckpt, template=template)
         return cls(entry.ref, model, tokenizer, template, eos, chat_eos,
                    max_tokens_cap=max_tokens_cap, max_batch=max_batch, max_queue=max_queue, device=device,
-                   weights=weights, prefix_cache_bytes=prefix_cache_bytes, threads=threads)
+                   weights=weights, prefix_cache_bytes=prefix_cache_bytes, threads=threads, speculative=speculative)
 
     async def submit(self, job: Job, adapter: int = 0) -> LocalHandle:
         param = "messages" if job.kind == "chat" else "prompt"
