@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llamacpp import llama_server  # noqa: E402
+from bench_prefix import status  # noqa: E402
 from bench_serve import start_server  # noqa: E402
 from bench_speculative import CHATS  # noqa: E402
 
@@ -42,12 +42,6 @@ def ask(url: str, message: str, max_tokens: int) -> dict:
                                            max_tokens=max_tokens, temperature=0.0)
     seconds = time.perf_counter() - t0
     return {"s": seconds, "tokens": reply.usage.completion_tokens, "text": reply.choices[0].message.content}
-
-
-def engine_stats(url: str, token: str) -> dict:
-    request = urllib.request.Request(url + "/admin/status", headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def main() -> None:
@@ -96,7 +90,7 @@ def main() -> None:
                     shift = (r + i) % len(names)
                     for name in names[shift:] + names[:shift]:
                         runs[name][chat].append(ask(urls[name], message, args.max_tokens))
-            stats = engine_stats(urls["speculative"], token)
+            stats = status(urls["speculative"], token)
         finally:
             for proc, _ in servers.values():
                 proc.terminate()

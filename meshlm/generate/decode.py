@@ -90,7 +90,7 @@ class FastForward:
         """Layer kind -> full-width tables (B|1, T, 1, Dh) for the new tokens' positions, shared by the layers of
         that kind (one kind but for Gemma 3, whose sliding layers have a RoPE base of their own)."""
         tables = {}
-        for kind, (cos, sin) in self.model._tables().items():
+        for kind, (cos, sin) in self.model.rope_by_kind().items():
             if kind not in kinds:
                 continue
             if position_ids is None:

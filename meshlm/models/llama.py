@@ -346,7 +346,8 @@ class Transformer(nn.Module):
                 raise ValueError(f"{name} must be (B, T) = {(B, T)}, got {tuple(ids.shape)}")
         if document_ids is not None and cache is not None:
             raise ValueError("document_ids (packed rows) cannot be combined with a KV cache")
-        rope = {kind: _rope_rows(cos, sin, start_pos, T, position_ids) for kind, (cos, sin) in self._tables().items()}
+        rope = {kind: _rope_rows(cos, sin, start_pos, T, position_ids)
+                for kind, (cos, sin) in self.rope_by_kind().items()}
         num_keys = start_pos + T if cache is not None else T  # without a cache, attention sees only these T
         if padding_mask is not None and tuple(padding_mask.shape) != (B, num_keys):
             raise ValueError(f"padding_mask must be (B, S) = {(B, num_keys)}, got {tuple(padding_mask.shape)}")
@@ -363,7 +364,7 @@ class Transformer(nn.Module):
             return self.output(h, labels=labels)  # () summed cross-entropy
         return self.output(h) if self.output is not None else h  # (B, T, V) or (B, T, D)
 
-    def _tables(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def rope_by_kind(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Layer kind -> its RoPE (cos, sin) tables (max_seq_len, Dh/2)."""
         local = (self.rope_cos_local, self.rope_sin_local) if self.cfg.local_rope else (self.rope_cos, self.rope_sin)
         return {"global": (self.rope_cos, self.rope_sin), "sliding": local}

@@ -14,6 +14,10 @@ this way, still fits the model's context (slot index < max_seq_len); otherwise i
 served). The engine runs in its own thread (torch releases the GIL in its kernels); results reach the asyncio side
 through ``emit`` callbacks.
 
+Speculation (``speculative="ngram"``, ``meshlm serve --speculative ngram``): while one greedy row decodes alone, a
+step may feed it several tokens — prompt-lookup drafts verified in one forward (``_draft``, ``_speculate``) — and
+move the cursor by as many as it accepted.
+
 Failures are per request: whatever belongs to one row (its grammar, bias, sampling, text, callback) runs under a
 guard that fails that row's request alone (``_fail_rows``); a failed prefill fails the requests joining in it.
 Only an error of the batch's own forward fails every active row (``_fail_batch``).
