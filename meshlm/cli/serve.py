@@ -83,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
                         ("--max-tokens-cap", args.max_tokens_cap)):
         if value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")
-    if args.speculative and args.weights != "fp32":
-        raise ConfigError(f"--speculative {args.speculative} verifies drafts on fp32 weights (its forward of several "
-                          f"tokens multiplies the fp32 pack); --weights {args.weights}: drop one of them")
+    from meshlm.generate.params import SamplingParams
+    from meshlm.generate.speculative import check_speculative
+
+    check_speculative(args.speculative, SamplingParams(temperature=0.0), args.weights)  # before any model loads
     if not 0 <= args.prefix_cache_mb <= 1 << 20:
         raise ConfigError(f"--prefix-cache-mb {args.prefix_cache_mb}: give 0 (off) to 1048576 MiB")
     if not 0 <= args.drain_timeout <= 3600:

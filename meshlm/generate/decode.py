@@ -166,9 +166,10 @@ class FastForward:
         gate_up = _project(h, layer.w13)  # (B·T, 2F)
         F_ = gate_up.shape[1] // 2
         gate = F.gelu(gate_up[:, :F_], approximate="tanh") if w.gelu else F.silu(gate_up[:, :F_])
+        hidden = gate * gate_up[:, F_:]  # SwiGLU / GeGLU
         if layer.post_ffn_norm is None:
-            return _addmm(x, gate * gate_up[:, F_:], layer.w2)  # residual + SwiGLU
-        return x + _rms_norm(_mm(gate * gate_up[:, F_:], layer.w2), layer.post_ffn_norm, eps, fp32)
+            return _addmm(x, hidden, layer.w2)  # residual + MLP
+        return x + _rms_norm(_mm(hidden, layer.w2), layer.post_ffn_norm, eps, fp32)
 
 
 # The thread policy. Measured on SmolLM2-135M with 1 and 2 threads alternating (docs/benchmarks.md "Threads per

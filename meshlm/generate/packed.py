@@ -196,7 +196,9 @@ def pack(model: Transformer, variant: str) -> PackedModel:
     model = _inner(model)
     cfg = model.cfg
     splits = row_splits(next(model.parameters()).device) if variant == "rows" else 1
-    kinds = cfg.resolved_layer_kinds()
+    # the RoPE tables each layer reads: by its kind where sliding layers have a base of their own (Gemma 3), else
+    # one set for all (a window alone, as Mistral's, keeps the global tables: one gather a step, not two)
+    kinds = cfg.resolved_layer_kinds() if cfg.local_rope else ["global"] * cfg.n_layers
     layers = [_pack_layer(block, cfg.layer_window(int(name)), kinds[int(name)], cfg.n_heads, cfg.n_kv_heads, variant,
                           splits)
               for name, block in model.layers.items()]
