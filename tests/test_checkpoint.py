@@ -21,6 +21,7 @@ from meshlm.checkpoint.manager import (
     list_checkpoints,
     verify_checkpoint,
 )
+from meshlm.distributed.teardown import end_rank
 from meshlm.errors import CheckpointError
 
 
@@ -180,6 +181,7 @@ def _decide_worker(rank: int, world: int, port: int, root: str, result: dict) ->
         result[rank] = {"chosen": str(chosen), "verify_calls": len(calls), "said": said}
     finally:
         dist.destroy_process_group()
+    end_rank(0)  # gloo's threads can abort an interpreter exit (meshlm/distributed/teardown.py)
 
 
 def test_rank0_decides_the_resume_checkpoint_for_every_rank(tmp_path):
@@ -234,6 +236,7 @@ def _dataset_worker(rank: int, world: int, port: int, data: str, result: dict) -
             result[rank] = {"opened": opened, "error": str(exc)}
     finally:
         dist.destroy_process_group()
+    end_rank(0)  # gloo's threads can abort an interpreter exit (meshlm/distributed/teardown.py)
 
 
 @pytest.mark.parametrize("corrupt", [False, True], ids=["intact", "corrupted"])

@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from meshlm.config.loader import config_to_toml, load_config
 from meshlm.distributed.parity import GRAD_NORM_RTOL, LOSS_RTOL
+from meshlm.distributed.teardown import end_rank
 from meshlm.train.run_dir import init_run_dir
 from meshlm.train.trainer import Trainer
 from helpers import once_per_session
@@ -84,6 +85,7 @@ def _worker(rank: int, world: int, port: int, dataset: str, tmp: str, result: di
             dist.barrier()
     finally:
         dist.destroy_process_group()
+    end_rank(0)  # gloo's threads can abort an interpreter exit (meshlm/distributed/teardown.py)
 
 
 def _compile_cases(tmp: Path, dataset: str) -> dict:

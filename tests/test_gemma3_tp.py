@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from meshlm.config.loader import load_config
 from meshlm.distributed.parallel_dims import ParallelDims
+from meshlm.distributed.teardown import end_rank
 from meshlm.errors import ConfigError
 from meshlm.models import ModelConfig, build_model, flavor_config
 
@@ -65,6 +66,7 @@ def _worker(rank: int, port: int, sequence_parallel: bool, result: dict) -> None
         result[rank] = (logits, {n: g for n, g in grads.items() if "norm" in n or "wq" in n or "w2" in n})
     finally:
         dist.destroy_process_group()
+    end_rank(0)  # gloo's threads can abort an interpreter exit (meshlm/distributed/teardown.py)
 
 
 def _free_port() -> int:

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from meshlm.config.loader import config_to_toml, load_config
 from meshlm.distributed.activation_checkpoint import must_save
 from meshlm.distributed.launch import process_group_backend
+from meshlm.distributed.teardown import end_rank
 from meshlm.errors import ConfigError
 from meshlm.train.determinism import CUBLAS_WORKSPACE, configure_determinism
 from meshlm.train.optim import build_optimizer, implementation_for
@@ -162,6 +163,7 @@ def _tp_worker(rank: int, world: int, port: int, out: str) -> None:
             json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()
+    end_rank(0)  # gloo's threads can abort an interpreter exit (meshlm/distributed/teardown.py)
 
 
 def test_selective_ac_does_not_recompute_tp_collectives(tmp_path):

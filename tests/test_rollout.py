@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from meshlm.config.loader import load_config
+from meshlm.distributed.teardown import end_rank
 from meshlm.errors import ConfigError
 from meshlm.generate import generate
 from meshlm.generate.params import SamplingParams
@@ -142,6 +143,7 @@ def _fsdp_worker(rank: int, world: int, port: int, eos: int, result: dict) -> No
         result[rank] = [out.response_ids[i][out.response_mask[i]].tolist() for i in range(len(prompts))]
     finally:
         dist.destroy_process_group()
+    end_rank(0)  # gloo's threads can abort an interpreter exit (meshlm/distributed/teardown.py)
 
 
 def test_fsdp2_rollout_equals_single_device():

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from meshlm.distributed.teardown import end_rank
 from meshlm.models import build_model, flavor_config
 from meshlm.models.llama import positions_from_documents
 
@@ -56,6 +57,7 @@ def _worker(rank: int, port: int, result: dict) -> None:
         result[rank] = (logits, {n: g for n, g in grads.items() if "norm" in n or "wq" in n})
     finally:
         dist.destroy_process_group()
+    end_rank(0)  # gloo's threads can abort an interpreter exit (meshlm/distributed/teardown.py)
 
 
 def _free_port() -> int:
