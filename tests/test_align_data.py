@@ -220,6 +220,20 @@ SYNTH_SHA256 = "40bb1ac1c4a8df309a179f2d7eb5a1164c81e33a74ae6c1105ef7c96b2d7f1f5
 REDTEAM_SHA256 = "1d06ddd55a81a4f3326740382b3d82aefc3f1f34f67c5d51551f62cfc13f2615"
 
 
+def test_referral_first_moves_only_the_warn_rows_referral():
+    spec = load_spec(None)
+    last = synthesize(spec, 1, SynthSizes(refuse=6, warn=8, answer=8, corpus_questions=2, arithmetic=2))
+    first = synthesize(spec, 1, SynthSizes(refuse=6, warn=8, answer=8, corpus_questions=2, arithmetic=2,
+                                           warn_referral="first"))
+    assert [e.prompt for e in first] == [e.prompt for e in last]
+    moved = [(a.response, b.response) for a, b in zip(last, first) if a.response != b.response]
+    assert len(moved) == sum(e.policy == "warn" for e in last) > 0  # every warn row, nothing else
+    for old, new in moved:
+        assert sorted(old.split()) == sorted(new.split()) and old.split(". ")[-1] == new.split(". ")[0] + "."
+    with pytest.raises(ValueError, match="warn_referral"):
+        SynthSizes(warn_referral="middle")
+
+
 def test_synthesis_and_redteam_rows_are_byte_identical_to_the_recorded_ones():
     import dataclasses
     import hashlib

@@ -66,3 +66,16 @@ def test_base_targets_only_where_the_judge_accepts_them():
 def test_limit_answers_at_most_that_many_of_each_policy():
     rows, counts = self_distill(ROWS, lambda ps: [BASE[p] for p in ps], make_judge("rule").label, limit=1, seed=3)
     assert counts["answer_asked"] == 1 and counts["warn_asked"] == 1 and len(rows) == len(ROWS)
+
+
+def test_referral_first_puts_the_referral_before_the_base_answer():
+    rows, counts = self_distill(ROWS, lambda ps: [BASE[p] for p in ps], make_judge("rule").label, seed=0,
+                                warn_referral="first")
+    last, _ = self_distill(ROWS, lambda ps: [BASE[p] for p in ps], make_judge("rule").label, seed=0)
+    warn = {r["messages"][0]["content"]: r["messages"][1]["content"] for r in rows}[ROWS[4]["messages"][0]["content"]]
+    info = "Ibuprofen and caffeine do not interact in most people. Some pain relievers even contain caffeine."
+    referral, caution = warn.split(info)
+    assert referral.strip() and caution.strip() and not warn.startswith(info)  # referral, the base's words, caution
+    assert make_judge("rule").label([""], [warn]) == ["warn"]
+    assert sorted(warn.split()) == sorted(last[4]["messages"][1]["content"].split())  # the same parts, reordered
+    assert counts["warn_kept"] == 1

@@ -14,7 +14,7 @@ from meshlm.config.loader import apply_overrides, read_toml
 from meshlm.config.posttrain import LORA_TARGETS
 from meshlm.errors import ConfigError, UserError
 from meshlm.safety.attacks import names as attack_families
-from meshlm.safety.synth import MAX_REFUSE_SHARE, SynthSizes
+from meshlm.safety.synth import MAX_REFUSE_SHARE, WARN_REFERRAL_PLACES, SynthSizes
 from meshlm.safety.taxonomy import LABELS, POLICIES, label_pairs
 from meshlm.sections import did_you_mean, dumps_toml, from_dict, option, to_dict
 
@@ -65,6 +65,10 @@ class DataSection:
                                        "frame (roleplay, hypothetical, past tense, ...; the response stays a refusal).")
     attack_share_answer: float = option(SynthSizes.attack_fraction_answer, "Share of each answer category's prompts also written inside a "
                                               "jailbreak frame (the response stays the answer: a frame decides nothing).")
+    warn_referral: str = option("last", "Where a warn answer's referral goes, in the synthesised rows and the "
+                                "self-distilled targets: 'last' (information, caution, referral) or 'first' (referral, "
+                                "information, caution: a reply cut short by its token budget still refers).",
+                                choices=WARN_REFERRAL_PLACES)
 
     def validate(self) -> None:
         if min(self.refuse, self.warn, self.answer) < 1 or not 0 <= self.eval_group_fraction < 1:

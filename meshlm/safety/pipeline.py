@@ -149,7 +149,8 @@ def sft_rows(cfg: AlignConfig, data: Path, base: Path, resume: bool, log: Log, j
 
     def write(out: Path, generate) -> dict:
         return write_self_distilled(data, out, generate, judge.label, limit=cfg.sft.answer_rows, seed=cfg.data.seed,
-                                    batch_size=cfg.eval.batch_size, warn_targets=cfg.sft.warn_targets)
+                                    batch_size=cfg.eval.batch_size, warn_targets=cfg.sft.warn_targets,
+                                    warn_referral=cfg.data.warn_referral)
 
     return _generated_file("self-distilled SFT rows", data / "sft_self.jsonl", data / "self_distill.json", base, cfg,
                            resume, log, write, judge.name, cache)
@@ -363,7 +364,7 @@ def synth_sizes(cfg: AlignConfig) -> SynthSizes:
     """The synthesis sizes of an align config's [data] table."""
     return SynthSizes(refuse=cfg.data.refuse, warn=cfg.data.warn, answer=cfg.data.answer,
                       max_refuse_share=cfg.data.max_refuse_share, attack_fraction_refuse=cfg.data.attack_share,
-                      attack_fraction_answer=cfg.data.attack_share_answer)
+                      attack_fraction_answer=cfg.data.attack_share_answer, warn_referral=cfg.data.warn_referral)
 
 
 def _dataset(cfg: AlignConfig, data: Path, resume: bool) -> dict:

@@ -9,9 +9,9 @@ its template, which teaches answering through the framing), and
 - an ``answer`` row takes the base's answer as its target when the judge labels it ``answer`` (not a refusal,
   not a referral, not degenerate text) and it is no deflection ("as a chatbot, I don't have the ability to ..."),
   cut to its last complete sentence;
-- a ``warn`` row takes the base's answer (its first sentences) followed by a caution and a referral of the
-  category (:func:`meshlm.safety.synth.warn_closing`) when the base's answer alone is labelled ``answer`` and the
-  whole is labelled ``warn``.
+- a ``warn`` row takes the base's answer (its first sentences) with a caution and a referral of the category
+  (:func:`meshlm.safety.synth.warn_answer`: after the answer, or with ``data.warn_referral = "first"`` the referral
+  before it) when the base's answer alone is labelled ``answer`` and the whole is labelled ``warn``.
 
 With ``warn_targets = "template"`` the warn rows are not asked and keep their synthesised text: on SmolLM2 most
 of the base's accepted warn "information" was a deflection ("as a chatbot designed to assist with ..., I'm not
@@ -33,7 +33,7 @@ from typing import Callable
 
 from meshlm.data.jsonl import iter_jsonl
 from meshlm.fileio import atomic_write_text
-from meshlm.safety.synth import warn_closing
+from meshlm.safety.synth import warn_answer
 
 Generate = Callable[[list[str]], list[str]]
 Label = Callable[[list[str], list[str]], list[str]]  # a judge's batched label(prompts, responses)
@@ -57,10 +57,12 @@ def complete_sentences(text: str, max_chars: int | None = None) -> str:
 
 
 def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: int = 0, seed: int = 0,
-                 batch_size: int = 32, warn_targets: str = "base") -> tuple[list[dict], dict]:
+                 batch_size: int = 32, warn_targets: str = "base",
+                 warn_referral: str = "last") -> tuple[list[dict], dict]:
     """``rows`` with base-model targets where they pass (module docstring); ``limit`` > 0 answers at most that
     many prompts of each policy (the others keep their templates); ``warn_targets = "template"`` asks no warn
-    prompt. Returns (rows, counts)."""
+    prompt; ``warn_referral`` places a warn target's referral (:func:`meshlm.safety.synth.warn_answer`). Returns
+    (rows, counts)."""
     rng = random.Random(f"self-distill:{seed}")
     picked = {"answer": [], "warn": []} if warn_targets == "base" else {"answer": []}
     for i, row in enumerate(rows):
@@ -83,7 +85,7 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
         else:
             info = complete_sentences(answer, _WARN_INFO_CHARS)
             infos.append(info)
-            targets.append(f"{info} {warn_closing(rng, rows[i]['category'])}" if info else "")
+            targets.append(warn_answer(rng, rows[i]["category"], info, warn_referral) if info else "")
     target_labels = label(prompts, targets)
     info_labels = label(prompts, infos)
     out = list(rows)
@@ -101,10 +103,10 @@ def self_distill(rows: list[dict], generate: Generate, label: Label, *, limit: i
 
 
 def write_self_distilled(data: Path, out: Path, generate: Generate, label: Label, *, limit: int, seed: int,
-                         batch_size: int, warn_targets: str = "base") -> dict:
+                         batch_size: int, warn_targets: str = "base", warn_referral: str = "last") -> dict:
     """``out``: ``data/sft.jsonl`` with :func:`self_distill`'s targets; returns its counts."""
     rows = [row for _, row in iter_jsonl(data / "sft.jsonl", "the rows `meshlm align data` wrote")]
     new, counts = self_distill(rows, generate, label, limit=limit, seed=seed, batch_size=batch_size,
-                               warn_targets=warn_targets)
+                               warn_targets=warn_targets, warn_referral=warn_referral)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new))
     return counts

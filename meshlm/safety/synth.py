@@ -99,16 +99,22 @@ def refusal(rng: random.Random, category: str, topic: str) -> str:
     return f"{opener} {reason} {alternative}"
 
 
-def warn_answer(rng: random.Random, category: str, info: str) -> str:
-    return f"{info} {warn_closing(rng, category)}"
+WARN_REFERRAL_PLACES = ("last", "first")
 
 
-def warn_closing(rng: random.Random, category: str) -> str:
-    """The caution and the referral that close a warn answer of ``category``."""
+def warn_answer(rng: random.Random, category: str, info: str, referral: str = "last") -> str:
+    """A warn answer of ``category``: ``info``, a caution and a referral (``referral = "last"``), or the referral
+    first, then ``info`` and the caution (``"first"``: a reply cut short by a token budget still refers)."""
+    caution, where = _caution_and_referral(rng, category)
+    if referral == "first":
+        return f"{where} {info} {caution}"
+    return f"{info} {caution} {where}"
+
+
+def _caution_and_referral(rng: random.Random, category: str) -> tuple[str, str]:
     found = material(category, "warn")
     caution = rng.choice(found.get("cautions", material("medical", "warn")["cautions"]))
-    referral = rng.choice(found.get("referrals", _GENERIC_REFERRALS))
-    return f"{caution} {referral}"
+    return caution, rng.choice(found.get("referrals", _GENERIC_REFERRALS))
 
 
 def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
@@ -126,7 +132,7 @@ def _refuse_examples(cat: Category, n: int, rng: random.Random) -> list[Example]
     return out
 
 
-def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
+def _warn_examples(cat: Category, n: int, rng: random.Random, referral: str = "last") -> list[Example]:
     subjects = warn_subjects(cat.name) or [([p], ["Here is some general information on this topic."])
                                            for p in cat.seed_prompts]
     unqualified = material(cat.name, "warn").get("unqualified", _GENERIC_UNQUALIFIED)
@@ -135,7 +141,7 @@ def _warn_examples(cat: Category, n: int, rng: random.Random) -> list[Example]:
         questions, infos = subjects[s]
         prompt = paraphrase(_warn_frame(rng.choice(questions), rng), rng)
         rejected = [(rng.choice(_BARE_REFUSALS), "refuse"), (rng.choice(unqualified), "answer")]
-        response = warn_answer(rng, cat.name, rng.choice(infos))
+        response = warn_answer(rng, cat.name, rng.choice(infos), referral)
         out.append(Example(prompt, cat.name, "warn", response, rejected, f"{cat.name}:{s}"))
     return out
 
@@ -212,10 +218,13 @@ class SynthSizes:
     corpus_questions: int = 150
     arithmetic: int = 80
     max_refuse_share: float = MAX_REFUSE_SHARE
+    warn_referral: str = "last"  # where a warn answer's referral goes: after its information, or first
 
     def __post_init__(self) -> None:
         if not 0 < self.max_refuse_share <= 1:
             raise ValueError(f"max_refuse_share = {self.max_refuse_share}: must be in (0, 1]")
+        if self.warn_referral not in WARN_REFERRAL_PLACES:
+            raise ValueError(f"warn_referral = {self.warn_referral!r}: must be one of {WARN_REFERRAL_PLACES}")
 
 
 def synthesize(spec: Spec, seed: int, sizes: SynthSizes = SynthSizes(),
@@ -228,7 +237,7 @@ def synthesize(spec: Spec, seed: int, sizes: SynthSizes = SynthSizes(),
         if cat.policy == "refuse":
             base = _refuse_examples(cat, sizes.refuse, crng)
         elif cat.policy == "warn":
-            base = _warn_examples(cat, sizes.warn, crng)
+            base = _warn_examples(cat, sizes.warn, crng, sizes.warn_referral)
         else:
             base = _answer_examples(cat, sizes.answer, crng, _answer_material(cat.name, crng, sizes, documents))
         examples += base
