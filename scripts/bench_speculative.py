@@ -24,7 +24,9 @@ from meshlm.data.posttrain.templates import chat_template_for
 from meshlm.generate import generate
 from meshlm.generate.bench import hf_model_from
 from meshlm.generate.decode import fast_forward
-from meshlm.generate.speculative import SpeculativeStats, speculative_greedy
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.sampling import RowSampler
+from meshlm.generate.speculative import SpeculativeStats, speculative_decode
 from meshlm.generate.stops import stop_ids
 from meshlm.tokenizer import MeshTokenizer
 
@@ -80,8 +82,9 @@ def main() -> None:
                 hf_s.append(t)
         stats = SpeculativeStats()
         with torch.inference_mode():
-            speculative_greedy(fast_forward(model), model.new_cache(1, len(prompt) + args.max_new_tokens), prompt,
-                               args.max_new_tokens, set(stops), vocab_limit=tokenizer.vocab_size, stats=stats)
+            greedy = RowSampler(SamplingParams(temperature=0.0), model.cfg.vocab_size)
+            speculative_decode(fast_forward(model), model.new_cache(1, len(prompt) + args.max_new_tokens), prompt,
+                               args.max_new_tokens, set(stops), greedy, vocab_limit=tokenizer.vocab_size, stats=stats)
         row = {"chat": name, "repeats_prompt": repeats_prompt, "prompt_tokens": len(prompt), "tokens": len(plain),
                "identical": spec == plain, "plain_s": statistics.median(plain_s),
                "speculative_s": statistics.median(spec_s), "forwards": stats.forwards, "drafted": stats.drafted,

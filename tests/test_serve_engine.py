@@ -188,10 +188,10 @@ def test_the_engine_thread_runs_torch_on_its_threads_and_the_caller_keeps_its_ow
         torch.set_num_threads(caller)
 
 
-def test_speculative_engine_gives_plain_greedy_tokens_with_drafts_taken():
-    """``speculative="ngram"``: a lone greedy request verifies prompt-lookup drafts (engine.py ``_draft``): its tokens
-    are plain greedy's, drafts are accepted on prompts that repeat themselves, and a stop token, the token limit, a
-    sampled request and requests decoding together are untouched."""
+def test_speculative_engine_gives_plain_tokens_with_drafts_taken():
+    """``speculative="ngram"``: a lone request verifies prompt-lookup drafts (engine.py ``_draft``): its tokens are
+    plain greedy's (or, sampled with a seed, the plain engine's), drafts are accepted on prompts that repeat
+    themselves, and a stop token, the token limit and requests decoding together are untouched."""
     from meshlm.errors import ConfigError
     from tests.test_decode import tiny
     from tests.test_speculative import PROMPTS
@@ -212,9 +212,12 @@ def test_speculative_engine_gives_plain_greedy_tokens_with_drafts_taken():
         stop = want[9]
         seq, done = _collect(engine, PROMPTS[0], 30, greedy, eos=frozenset({stop}))
         assert done.wait(60) and seq.generated == want[:want.index(stop) + 1]
-        sampled = Sampling(temperature=0.9, seed=5)
-        got, ref = _collect(engine, PROMPTS[2], 20, sampled), _collect(plain, PROMPTS[2], 20, sampled)
-        assert got[1].wait(60) and ref[1].wait(60) and got[0].generated == ref[0].generated
+        before = engine.status()["accepted"]
+        for seed in range(4):  # a seeded sampled request speculates too, and gives the plain engine's tokens
+            sampled = Sampling(temperature=0.2, seed=seed)
+            got, ref = _collect(engine, PROMPTS[0], 20, sampled), _collect(plain, PROMPTS[0], 20, sampled)
+            assert got[1].wait(60) and ref[1].wait(60) and got[0].generated == ref[0].generated, seed
+        assert engine.status()["accepted"] > before
         together = [_collect(engine, p, 12, greedy) for p in PROMPTS]  # one forward for all rows once they join
         assert all(done.wait(60) for _, done in together)
         assert [s.generated for s, _ in together] == [generate(model, p, 12, greedy=True) for p in PROMPTS]

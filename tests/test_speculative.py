@@ -1,6 +1,7 @@
-"""Prompt-lookup speculative decoding (meshlm/generate/speculative.py): the n-gram draft, and greedy output
-token-identical to plain greedy on tiny llama and gemma3 models (fast path and plain forward, stop ids, the
-length limit), with drafts actually accepted; refusals name the argument."""
+"""Prompt-lookup speculative decoding (meshlm/generate/speculative.py): the n-gram draft, and greedy and seeded
+sampled output token-identical to plain decoding on tiny llama and gemma3 models (fast path and plain forward, stop
+ids, the length limit), with drafts actually accepted; the kept draft tokens follow the row's distribution; refusals
+name the argument."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 from meshlm.errors import ConfigError
 from meshlm.generate import generate
 from meshlm.generate.decode import fast_forward
-from meshlm.generate.speculative import SpeculativeStats, ngram_draft, speculative_greedy
+from meshlm.generate.params import SamplingParams
+from meshlm.generate.sampling import RowSampler
+from meshlm.generate.speculative import SpeculativeStats, ngram_draft, speculative_decode, verified
 from meshlm.models import build_model
 from tests.test_decode import tiny
 from tests.test_flops import tiny_gemma3
@@ -46,10 +49,47 @@ def test_greedy_output_is_identical_to_plain_greedy_on_llama_and_gemma3(fast):
             stats = SpeculativeStats()
             with torch.inference_mode():
                 net = fast_forward(model) if fast else model
-                out = speculative_greedy(net, model.new_cache(1, len(prompt) + 30), prompt, 30, set(), stats=stats)
+                greedy = RowSampler(SamplingParams(temperature=0.0), model.cfg.vocab_size)
+                out = speculative_decode(net, model.new_cache(1, len(prompt) + 30), prompt, 30, set(), greedy,
+                                         stats=stats)
             assert out == want and stats.forwards < 30  # fewer forwards than tokens: drafts were taken
             accepted[family] += stats.accepted
     assert all(accepted.values()), accepted  # both families exercised multi-token acceptance
+
+
+def test_seeded_sampling_is_identical_to_plain_seeded_sampling_with_drafts_kept():
+    kept = 0
+    for family, model in _models():
+        for prompt in PROMPTS:
+            for seed in range(3):
+                params = SamplingParams(temperature=0.5, top_p=0.95, seed=seed, max_tokens=30)
+                want = generate(model, prompt, params=params)
+                stats = SpeculativeStats()
+                with torch.inference_mode():
+                    got = speculative_decode(fast_forward(model), model.new_cache(1, len(prompt) + 30), prompt, 30,
+                                             set(), RowSampler(params, model.cfg.vocab_size), stats=stats)
+                assert got == want == generate(model, prompt, params=params, speculative="ngram"), (family, seed)
+                kept += stats.accepted
+    assert kept > 0  # sampled rows kept drafted tokens
+
+
+def test_a_kept_draft_token_follows_the_rows_distribution():
+    """verified() on a fixed distribution: the first emitted token is distributed as the row's own sampling would
+    give it (drafted token or not), and a kept draft costs exactly one draw per emitted token."""
+    logits = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]]))  # (1 + 1 draft, V = 4)
+    row = RowSampler(SamplingParams(temperature=1.0, seed=0), 4)
+    first = torch.zeros(4)
+    n = 20000
+    for _ in range(n):
+        picks = verified(logits, [3], row, None)
+        first[picks[0]] += 1
+        assert len(picks) == (2 if picks[0] == 3 else 1)
+    assert torch.allclose(first / n, torch.tensor([0.1, 0.4, 0.2, 0.3]), atol=0.015)
+    for seed in range(20):  # one draw per emitted token: the generator then stands where a plain loop's would
+        a, b = (RowSampler(SamplingParams(temperature=1.0, seed=seed), 4) for _ in range(2))
+        for _ in verified(logits, [3], a, None):
+            b.uniform()
+        assert a.uniform() == b.uniform()
 
 
 def test_stop_ids_and_the_context_limit_end_it_where_plain_greedy_ends():
@@ -65,18 +105,19 @@ def test_stop_ids_and_the_context_limit_end_it_where_plain_greedy_ends():
 
 def test_refusals_name_the_argument():
     model = tiny()
-    with pytest.raises(ConfigError, match="greedy only"):
-        generate(model, [5, 6], 3, temperature=0.7, speculative="ngram")
+    with pytest.raises(ConfigError, match="logit_bias and the penalties"):
+        generate(model, [5, 6], params=SamplingParams(temperature=0.7, presence_penalty=0.5, max_tokens=3),
+                 speculative="ngram")
     with pytest.raises(ConfigError, match="speculative must be one of"):
         generate(model, [5, 6], 3, greedy=True, speculative="medusa")
     with pytest.raises(ConfigError, match="--weights int8"):
         generate(model, [5, 6], 3, greedy=True, weights="int8", speculative="ngram")
 
 
-def test_the_cli_refuses_speculative_sampling_before_loading_anything():
+def test_the_cli_refuses_speculative_int8_before_loading_anything():
     import subprocess
     import sys
 
     r = subprocess.run([sys.executable, "-m", "meshlm", "generate", "--checkpoint", "nowhere", "--prompt", "x",
-                        "--speculative", "ngram"], capture_output=True, text=True)
-    assert r.returncode == 2 and "--greedy" in r.stderr and "Traceback" not in r.stderr
+                        "--speculative", "ngram", "--weights", "int8"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--weights fp32" in r.stderr and "Traceback" not in r.stderr

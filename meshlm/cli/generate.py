@@ -40,9 +40,9 @@ def register(sub, add_config_args) -> None:
                         "docs/model.md, 'int8 decode weights'); int4: 4-bit copies (CPU, "
                         "faster still, further from fp32; 'Speed levers')")
     p.add_argument("--speculative", choices=("ngram",), default=None,
-                   help="ngram: with --greedy, draft tokens from the prompt and output so far and verify them in one "
-                        "forward (the same tokens; faster where the reply repeats the prompt; docs/model.md, "
-                        "'Speed levers')")
+                   help="ngram: draft tokens from the prompt and output so far and verify them in one forward (the "
+                        "same tokens, greedy or sampled with a seed; faster where the reply repeats the prompt; "
+                        "docs/model.md, 'Speed levers')")
     p.add_argument("--json", action="store_true", help="print {text, ids, ...} per sample as JSON lines")
     p.set_defaults(handler=run)
 
@@ -105,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise ConfigError("--max-new-tokens and --num-samples must be at least 1")
-    if args.speculative and (not args.greedy or args.weights != "fp32"):
-        raise ConfigError(f"--speculative {args.speculative} verifies greedy fp32 choices: add --greedy and keep "
-                          "--weights fp32, or drop --speculative")
+    if args.speculative and args.weights != "fp32":
+        raise ConfigError(f"--speculative {args.speculative} verifies on fp32 weights: keep --weights fp32, or drop "
+                          "--speculative")
     messages = chat_messages(args)
     model, cfg, _, ckpt = model_from_checkpoint(args.checkpoint, args.device, generates=True)
     tokenizer = MeshTokenizer.load(ckpt / "tokenizer.json")

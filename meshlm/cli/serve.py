@@ -35,10 +35,10 @@ def register(sub, add_config_args) -> None:
                         "same logits; docs/model.md, 'int8 decode weights'); int4: 4-bit copies (CPU, "
                         "faster still, further from fp32; 'Speed levers')")
     p.add_argument("--speculative", choices=("ngram",), default=None,
-                   help="ngram: while one greedy request decodes alone (temperature 0, no logit_bias, penalties, "
+                   help="ngram: while one request decodes alone (greedy or sampled; no logit_bias, penalties, "
                         "response_format or logprobs), verify tokens drafted from its prompt and output (prompt "
-                        "lookup) in one forward: the same tokens, faster where the reply repeats its prompt; fp32 "
-                        "weights only (docs/serving.md, 'Speculative decoding')")
+                        "lookup) in one forward: the same tokens (sampled: with the same seed), faster where the "
+                        "reply repeats its prompt; fp32 weights only (docs/serving.md, 'Speculative decoding')")
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together per model (default 16)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting per model before new ones get 429 (default 64)")

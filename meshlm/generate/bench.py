@@ -32,7 +32,8 @@ from meshlm.generate.int8 import Int8Matrix
 from meshlm.generate.packed import packed_weights
 from meshlm.generate.params import SamplingParams
 from meshlm.generate.rollout import rollout
-from meshlm.generate.speculative import SpeculativeStats, speculative_greedy
+from meshlm.generate.sampling import RowSampler
+from meshlm.generate.speculative import SpeculativeStats, speculative_decode
 from meshlm.interop.hf import hf_name
 from meshlm.interop.hf_config import transformers_model
 
@@ -74,7 +75,8 @@ def meshlm_runner(model: nn.Module, prompts: torch.Tensor, fast: bool, device: t
             counts, net = SpeculativeStats(), fast_forward(model) if fast else model
             with torch.inference_mode():
                 cache = model.new_cache(1, len(rows[0]) + new_tokens, device=device)
-                ids = speculative_greedy(net, cache, rows[0], new_tokens, set(), device=device, stats=counts)
+                greedy = RowSampler(SamplingParams(temperature=0.0), model.cfg.vocab_size, device)
+                ids = speculative_decode(net, cache, rows[0], new_tokens, set(), greedy, device=device, stats=counts)
             if new_tokens > 1:  # a full run's counts (a first-token run drafts nothing)
                 vars(speculative).update(vars(counts))
             return torch.tensor([ids])

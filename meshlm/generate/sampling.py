@@ -293,8 +293,8 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | No
     global RNG is untouched. ``fast=False`` runs the model's plain forward instead of the fast decode path
     (meshlm/generate/decode.py; the same ids, tested); ``weights`` "int8" decodes on int8 copies of the weights
     (meshlm/generate/int8.py: faster on CPU, not the same logits).
-    ``speculative="ngram"`` (greedy, fp32) drafts tokens from the prompt and output and verifies them in one forward
-    (meshlm/generate/speculative.py: the same ids, tested).
+    ``speculative="ngram"`` (fp32; no logit bias or penalties) drafts tokens from the prompt and output and verifies
+    them in one forward (meshlm/generate/speculative.py: the same ids, greedy or seeded, tested).
     """
     unknown = set(legacy) - set(_LEGACY)
     if unknown:
@@ -317,13 +317,13 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int | No
     if not fast and weights != "fp32":
         raise ConfigError(f"weights {weights!r} decode on the fast path; fast=False runs the model's own fp32 forward")
     net = fast_forward(model, weights) if fast else model
+    row = RowSampler(params, model.cfg.vocab_size, device)
     if speculative is not None:
-        from meshlm.generate.speculative import speculative_greedy
+        from meshlm.generate.speculative import speculative_decode
 
         with torch.inference_mode():
-            return speculative_greedy(net, model.new_cache(1, max_len, device=device), prompt_ids, num_new,
-                                      set(params.stop_ids), device=device, vocab_limit=vocab_limit)
-    row = RowSampler(params, model.cfg.vocab_size, device)
+            return speculative_decode(net, model.new_cache(1, max_len, device=device), prompt_ids, num_new,
+                                      set(params.stop_ids), row, device=device, vocab_limit=vocab_limit)
     stop, out = set(params.stop_ids), []
     with torch.inference_mode():
         cache = model.new_cache(1, max_len, device=device)

@@ -1,15 +1,23 @@
-"""Prompt-lookup speculative decoding for greedy generation: ``generate(..., speculative="ngram")``,
-``meshlm generate --speculative ngram``, ``meshlm bench generate --speculative ngram``.
+"""Prompt-lookup speculative decoding: ``generate(..., speculative="ngram")``, ``meshlm generate --speculative
+ngram``, ``meshlm bench generate --speculative ngram``, ``meshlm serve --speculative ngram``.
 
 An answer often repeats its prompt (a rewrite, a summary quoting its source, code edited in place, a chat
 history). So before each step, :func:`ngram_draft` looks for the last few tokens generated earlier in the prompt
 or the output and, when found, drafts the tokens that followed them there — no second model. One forward of the
 last token plus the k drafted ones (:class:`~meshlm.generate.decode.FastForward` with ``all_positions``) gives the
-greedy token after each of them; the draft is accepted up to its first token that differs from the model's own
-choice, and that choice (or, with every drafted token accepted, the one after them) is taken too. Every token
-emitted is thus the argmax the plain loop would have taken after the same tokens: the output is the plain greedy
-output (tests/test_speculative.py, on llama and gemma3 models), up to rounding — a forward of k + 1 rows sums its
-products in another order than k single-row steps, which can flip an exact tie.
+logits after each of them, and :func:`verified` picks the row's own token at each position in turn — the argmax
+for a greedy row; for a sampled row the token its sampler draws, one uniform of its generator per token as in a
+plain step — keeping the draft up to its first token that differs from the pick, and that pick (or, with every
+drafted token kept, the one after them). Every token emitted is thus the token the plain loop would have picked
+after the same tokens, with the same draws: greedy output is the plain greedy output, and a seeded sampled one is
+the plain seeded one (tests/test_speculative.py, on llama and gemma3 models), up to rounding — a forward of k + 1
+rows sums its products in another order than k single-row steps, which can flip an exact tie (or a draw that
+falls on a boundary of the cumulative distribution).
+
+Because the draft is deterministic, drawing the row's token and comparing it with the draft is the whole
+rejection-sampling rule of speculative decoding: a drafted token is kept with its probability under the row's
+distribution, and a rejected position emits a token drawn from that distribution without the drafted one. A
+sampled row keeps fewer drafts than a greedy one (the higher the temperature, the fewer).
 
 The KV cache needs no rollback: slots written for rejected drafts lie beyond the accepted positions and are
 overwritten by the next forward, which only ever reads positions before its own.
@@ -19,7 +27,8 @@ multiplied faster: with ``--weights int8``/``int4`` a verification multiplies th
 speculative decoding is fp32 only), so a draft that is rejected at its first token costs time. An answer that
 repeats nothing gets no drafts — only the look-up, a few microseconds a step — but an answer with chance n-gram
 matches (random ids, free text) pays for rejected drafts; docs/benchmarks.md "Speculative decoding" has both.
-Greedy only: sampling would need the rejection-sampling correction, not implemented.
+Rows whose logits change with what they emitted (penalties) or that carry a logit bias or a grammar are not
+speculated.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import torch
 from meshlm.errors import ConfigError
 from meshlm.generate.decode import FastForward
 from meshlm.generate.params import SamplingParams
+from meshlm.generate.sampling import RowSampler, sample
 
 SPECULATIVE_MODES = ("ngram",)
 MAX_DRAFT = 8  # tokens drafted per step at most
@@ -41,7 +51,7 @@ MAX_NGRAM, MIN_NGRAM = 3, 2  # the suffix looked up: the longest match first; si
 class SpeculativeStats:
     forwards: int = 0  # model forwards after the prefill
     drafted: int = 0  # tokens proposed
-    accepted: int = 0  # of them, equal to the model's greedy choice
+    accepted: int = 0  # of them, kept (equal to the row's pick)
 
 
 def ngram_draft(ids: list[int], max_draft: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM
@@ -64,22 +74,27 @@ def check_speculative(mode: str | None, params: SamplingParams, weights: str) ->
         return
     if mode not in SPECULATIVE_MODES:
         raise ConfigError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)} (or off), got {mode!r}")
-    if not params.greedy:
-        raise ConfigError("speculative decoding is greedy only: use temperature 0 (--greedy), or drop --speculative")
     if params.logit_bias or params.presence_penalty or params.frequency_penalty:
-        raise ConfigError("speculative decoding verifies plain greedy choices: drop logit_bias and the penalties, "
+        raise ConfigError("speculative decoding verifies the model's own choices: drop logit_bias and the penalties, "
                           "or drop --speculative")
     if weights != "fp32":
         raise ConfigError(f"speculative decoding runs fp32 weights (its verification multiplies the fp32 pack); "
                           f"--weights {weights}: drop one of them")
 
 
-def greedy_tokens(logits: torch.Tensor, vocab_limit: int | None) -> list[int]:
-    """(T, V) logits -> each position's argmax, as sampling.sample picks a greedy token."""
-    logits = logits.float()
-    if vocab_limit is not None and vocab_limit < logits.shape[-1]:
-        logits = logits[:, :vocab_limit]  # the ids beyond are -inf to sample(): never chosen
-    return logits.argmax(-1).tolist()
+def verified(logits: torch.Tensor, draft: list[int], row: RowSampler, vocab_limit: int | None) -> list[int]:
+    """(1 + k, V) logits after the last token and each of the k ``draft`` tokens -> the tokens to emit: ``row``'s pick
+    at each position in turn (one draw of its generator per pick, as a plain step), the draft kept while it equals
+    the pick, ending with the first pick that differs (or the one after the whole draft)."""
+    out: list[int] = []
+    for i in range(len(draft) + 1):
+        picked = sample(logits[i:i + 1], [row], vocab_limit=vocab_limit)
+        if picked.failed:
+            raise ConfigError(f"speculative decoding: {picked.failed[0]}")
+        out.append(int(picked.tokens[0]))
+        if i == len(draft) or out[-1] != draft[i]:
+            return out
+    return out
 
 
 def _forward_all(net, tokens: list[int], cache, start_pos: int, device) -> torch.Tensor:
@@ -90,24 +105,24 @@ def _forward_all(net, tokens: list[int], cache, start_pos: int, device) -> torch
     return net(ids, cache=cache, start_pos=start_pos)[0]
 
 
-def speculative_greedy(net, cache, prompt_ids: list[int], num_new: int, stop_ids: set[int], *,
+def speculative_decode(net, cache, prompt_ids: list[int], num_new: int, stop_ids: set[int], row: RowSampler, *,
                        device: torch.device | str = "cpu", vocab_limit: int | None = None,
                        max_draft: int = MAX_DRAFT, stats: SpeculativeStats | None = None) -> list[int]:
-    """Greedy continuation of ``prompt_ids`` (at most ``num_new`` tokens, ending after a stop id) with prompt-lookup
-    drafts (module docstring). ``net`` is a FastForward or a plain decoder; ``cache`` is empty and holds
-    len(prompt_ids) + num_new positions."""
+    """``row``'s continuation of ``prompt_ids`` (at most ``num_new`` tokens, ending after a stop id) with
+    prompt-lookup drafts (module docstring). ``net`` is a FastForward or a plain decoder; ``cache`` is empty and
+    holds len(prompt_ids) + num_new positions; ``row`` must not change logits (no bias, penalties or mask)."""
     stats = stats if stats is not None else SpeculativeStats()
-    out = [greedy_tokens(_forward_all(net, prompt_ids, cache, 0, device)[-1:], vocab_limit)[0]]
+    out = verified(_forward_all(net, prompt_ids, cache, 0, device)[-1:], [], row, vocab_limit)
     pos = len(prompt_ids)  # the cache slot of out[-1], not yet fed
     while out[-1] not in stop_ids and len(out) < num_new:
         draft = ngram_draft(prompt_ids + out, min(max_draft, num_new - len(out) - 1))
-        chosen = greedy_tokens(_forward_all(net, [out[-1], *draft], cache, pos, device), vocab_limit)  # (1 + k,)
+        picks = verified(_forward_all(net, [out[-1], *draft], cache, pos, device), draft, row, vocab_limit)
         stats.forwards += 1
         stats.drafted += len(draft)
-        for i, token in enumerate(chosen):
+        for i, token in enumerate(picks):
             out.append(token)
             pos += 1
-            if token in stop_ids or len(out) == num_new or i == len(draft) or token != draft[i]:
+            if token in stop_ids or len(out) == num_new:
                 break
-            stats.accepted += 1
+            stats.accepted += i < len(picks) - 1  # a kept draft token (the last pick is the row's own)
     return out

@@ -14,9 +14,10 @@ this way, still fits the model's context (slot index < max_seq_len); otherwise i
 served). The engine runs in its own thread (torch releases the GIL in its kernels); results reach the asyncio side
 through ``emit`` callbacks.
 
-Speculation (``speculative="ngram"``, ``meshlm serve --speculative ngram``): while one greedy row decodes alone, a
-step may feed it several tokens — prompt-lookup drafts verified in one forward (``_draft``, ``_speculate``) — and
-move the cursor by as many as it accepted.
+Speculation (``speculative="ngram"``, ``meshlm serve --speculative ngram``): while one row decodes alone, greedy or
+sampled, a step may feed it several tokens — prompt-lookup drafts verified in one forward (``_draft``,
+``_speculate``), each position's token picked by the row's own sampler as a plain step would — and move the cursor
+by as many as it kept.
 
 Failures are per request: whatever belongs to one row (its grammar, bias, sampling, text, callback) runs under a
 guard that fails that row's request alone (``_fail_rows``); a failed prefill fails the requests joining in it.
@@ -37,7 +38,7 @@ import torch
 from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.params import SamplingParams
 from meshlm.generate.rollout import left_pad
-from meshlm.generate.speculative import MAX_DRAFT, check_speculative, greedy_tokens, ngram_draft
+from meshlm.generate.speculative import MAX_DRAFT, check_speculative, ngram_draft, verified
 from meshlm.generate.sampling import RowSampler, TokenMask, row_seed
 from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
@@ -106,7 +107,7 @@ class BatchEngine:
                  bank: AdapterBank | None = None, weights: str = "fp32", prefix_cache_bytes: int = 0,
                  threads: int | None = None, speculative: str | None = None) -> None:
         self.model, self.tokenizer, self.bank = model, tokenizer, bank
-        # "ngram": a lone greedy row verifies prompt-lookup drafts (meshlm/generate/speculative.py); see _draft
+        # "ngram": a lone row verifies prompt-lookup drafts (meshlm/generate/speculative.py); see _draft
         check_speculative(speculative, SamplingParams(temperature=0.0), weights)
         self.speculative = speculative
         # the engine thread's torch threads (None: this thread's count now); see _run
@@ -399,7 +400,7 @@ class BatchEngine:
             self._rows, self._joining = [*self._rows, *joining], []
 
     def _step(self) -> None:
-        """One decode step for every active row (or, for a lone greedy row, a verified draft: :meth:`_speculate`)."""
+        """One decode step for every active row (or, for a lone row, a verified draft: :meth:`_speculate`)."""
         draft = self._draft()
         if draft:
             return self._speculate(self._rows[0], draft)
@@ -419,32 +420,35 @@ class BatchEngine:
 
     def _draft(self) -> list[int]:
         """Prompt-lookup draft tokens for the next forward (meshlm/generate/speculative.py ``ngram_draft``), or []:
-        only with ``speculative`` on, one row decoding without padding on the fast path, and a row whose next tokens
-        are plain greedy choices (no logit bias, penalties, grammar or log-probs), so that the verified tokens are
-        the ones the plain steps would pick. A draft never runs past the row's token limit or the batch's slots."""
+        only with ``speculative`` on, one row decoding without padding on the fast path, and a row whose logits are
+        the model's own (no logit bias, penalties or grammar) and that asks for no log-probs, so that the verified
+        tokens are the ones the plain steps would pick. A draft never runs past the row's token limit or the
+        batch's slots."""
         if not self.speculative or len(self._rows) != 1 or not self._dense or self._forward() is not self._fast:
             return []
         seq = self._rows[0]
-        if seq.done or not seq.sampling.greedy or seq.sampler.changes_logits or seq.sampling.logprobs is not None:
+        if seq.done or seq.sampler.changes_logits or seq.sampling.logprobs is not None:
             return []
         room = min(seq.max_new - len(seq.generated), self._mask.shape[1] - self._cursor) - 1
         return ngram_draft(seq.prompt + seq.generated, min(MAX_DRAFT, room))
 
     def _speculate(self, seq: Sequence, draft: list[int]) -> None:
-        """One forward of the row's last token and ``draft``: the greedy token after each; the draft is taken up to
-        its first token that differs from the model's choice, then that choice (speculative.py's rule), each token
-        through the row's own ``accept`` (eos, stop strings, the limit end it as in a plain step). Slots written for
-        rejected draft tokens lie at and beyond the new cursor: the next forward overwrites them."""
+        """One forward of the row's last token and ``draft``: the row's pick after each, the draft kept up to its
+        first token that differs from the pick, then that pick (speculative.py ``verified``), each token through the
+        row's own ``accept`` (eos, stop strings, the limit end it as in a plain step). Slots written for rejected
+        draft tokens lie at and beyond the new cursor: the next forward overwrites them."""
         cur = self._cursor
         tokens = torch.tensor([[int(self._last[0]), *draft]], dtype=torch.long, device=self.device)  # (1, 1 + k)
         logits = self._fast(tokens, cache=self._cache, start_pos=cur, all_positions=True)  # (1, 1 + k, V)
-        chosen = greedy_tokens(logits[0], self.tokenizer.vocab_size)
-        taken = next((i for i, (d, c) in enumerate(zip(draft, chosen)) if d != c), len(draft))
-        emitted = [*draft[:taken], chosen[taken]]
+        try:
+            emitted = verified(logits[0], draft, seq.sampler, self.tokenizer.vocab_size)
+        except Exception as exc:  # the row's sampling broke: it fails alone, as in _accept
+            self._fail_rows([seq], exc)
+            return self._retire()
         self._stats["decode_steps"] += 1
         self._stats["batch_rows"] += 1
         self._stats["drafted"] += len(draft)
-        self._stats["accepted"] += taken
+        self._stats["accepted"] += len(emitted) - 1
         fed = 0  # tokens emitted: the row's cache now holds its last token and the first fed - 1 of them
         for token in emitted:
             fed += 1

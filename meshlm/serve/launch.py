@@ -48,7 +48,7 @@ class ServeOptions:
     audit_key: bytes | None = None  # keys the audit chain (hmac-sha256; meshlm/serve/audit_keys.py)
     prefix_cache_mb: int = 256  # per local model: recent prompts' keys and values (meshlm/serve/prefix.py); 0: off
     engine_threads: int | None = None  # torch threads of each model's engine thread (None: torch's default)
-    speculative: str | None = None  # "ngram": a lone greedy request verifies prompt-lookup drafts (engine.py _draft)
+    speculative: str | None = None  # "ngram": a lone request verifies prompt-lookup drafts (engine.py _draft)
 
 
 def make_loader(opts: ServeOptions, registry=None):
