@@ -1,10 +1,11 @@
-"""What ``meshlm serve --speculative ngram`` changes for one client: each chat's end-to-end time and tokens/s, greedy,
-against the same server without it, and whether the replies are identical.
+"""What ``meshlm serve --speculative ngram`` changes for one client: each chat's end-to-end time and tokens/s, greedy
+(or sampled with ``--temperature T --seed S``), against the same server without it, and whether the replies are
+identical (a seeded sampled reply is the same with and without speculation).
 
 Two servers on loopback load the same checkpoint (fp32, ``--threads`` each), one with ``--speculative ngram``; the
 official openai client sends each chat of scripts/bench_speculative.py (answers that repeat their prompt — a rewrite,
 a correction, code to edit, a quote — and two that do not) to one server and then the other, alternating which goes
-first, ``--repeats`` times; one request at a time, so the speculative server's lone greedy row verifies drafts.
+first, ``--repeats`` times; one request at a time, so the speculative server's lone row verifies drafts.
 With ``--llama-server BIN`` llama.cpp's server answers the same chats too (greedy, ``--threads`` threads, one slot),
 on the f32 GGUF export of the checkpoint (the same weights) and on each ``--gguf`` file; every server is asked in
 turn, in a rotating order.
@@ -34,12 +35,13 @@ from bench_serve import start_server  # noqa: E402
 from bench_speculative import CHATS  # noqa: E402
 
 
-def ask(url: str, message: str, max_tokens: int) -> dict:
-    """One greedy chat request, not streamed: its end-to-end seconds, completion tokens and text."""
+def ask(url: str, message: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> dict:
+    """One chat request (greedy unless ``temperature``), not streamed: its end-to-end seconds, completion tokens and
+    text."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
     t0 = time.perf_counter()
     reply = client.chat.completions.create(model="bench", messages=[{"role": "user", "content": message}],
-                                           max_tokens=max_tokens, temperature=0.0)
+                                           max_tokens=max_tokens, temperature=temperature, seed=seed)
     seconds = time.perf_counter() - t0
     return {"s": seconds, "tokens": reply.usage.completion_tokens, "text": reply.choices[0].message.content}
 
@@ -52,6 +54,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="each server's torch threads")
     p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary: answer the chats there too")
     p.add_argument("--gguf", action="append", default=[], type=Path, help="more GGUF files for llama-server")
+    p.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+    p.add_argument("--seed", type=int, default=None, help="the sampled requests' seed")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
@@ -89,7 +93,8 @@ def main() -> None:
                 for i, (chat, (_, message)) in enumerate(CHATS.items()):
                     shift = (r + i) % len(names)
                     for name in names[shift:] + names[:shift]:
-                        runs[name][chat].append(ask(urls[name], message, args.max_tokens))
+                        runs[name][chat].append(ask(urls[name], message, args.max_tokens, args.temperature,
+                                                    args.seed))
             stats = status(urls["speculative"], token)
         finally:
             for proc, _ in servers.values():
@@ -110,6 +115,7 @@ def main() -> None:
     report = {"machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
                           "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
               "checkpoint": args.checkpoint, "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "temperature": args.temperature, "seed": args.seed,
               "server_threads": args.threads, "chats": chats,
               "speculative_engine": next(iter(stats.get("loaded", {}).values()), stats)}
     if args.json:

@@ -13,7 +13,7 @@ from meshlm.generate import generate
 from meshlm.generate.decode import fast_forward
 from meshlm.generate.params import SamplingParams
 from meshlm.generate.sampling import RowSampler
-from meshlm.generate.speculative import SpeculativeStats, ngram_draft, speculative_decode, verified
+from meshlm.generate.speculative import DraftBudget, SpeculativeStats, ngram_draft, speculative_decode, verified
 from meshlm.models import build_model
 from tests.test_decode import tiny
 from tests.test_flops import tiny_gemma3
@@ -34,6 +34,17 @@ def test_the_draft_follows_the_latest_longest_match():
     assert ngram_draft([1, 2, 3, 4], 4) == []  # no repeated suffix
     assert ngram_draft(ids, 0) == [] and ngram_draft([1], 4) == []
     assert ngram_draft([5, 6, 5, 6], 8) == [5, 6]  # the match may run up to the suffix itself
+
+
+def test_the_draft_budget_grows_on_kept_drafts_and_shrinks_on_cut_ones():
+    budget = DraftBudget(8)
+    sizes = []
+    for drafted, kept in [(8, 3), (7, 0), (6, 0), (0, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0), (1, 1), (3, 3),
+                          (5, 5), (7, 7)]:
+        budget.update(drafted, kept)
+        sizes.append(budget.size)
+    assert sizes == [7, 6, 5, 5, 4, 3, 2, 1, 1, 3, 5, 7, 8]  # no draft: no change; never below 1 or above 8
+    assert DraftBudget(3).size == 3
 
 
 @pytest.mark.parametrize("fast", [True, False])

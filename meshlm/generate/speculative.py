@@ -19,6 +19,9 @@ rejection-sampling rule of speculative decoding: a drafted token is kept with it
 distribution, and a rejected position emits a token drawn from that distribution without the drafted one. A
 sampled row keeps fewer drafts than a greedy one (the higher the temperature, the fewer).
 
+A draft is at most :class:`DraftBudget` tokens long: the full 8 while drafts are kept whole, one fewer after each
+draft cut short, so a reply whose chance matches are rejected verifies one drafted token a step, not eight.
+
 The KV cache needs no rollback: slots written for rejected drafts lie beyond the accepted positions and are
 overwritten by the next forward, which only ever reads positions before its own.
 
@@ -45,6 +48,24 @@ from meshlm.generate.sampling import RowSampler, sample
 SPECULATIVE_MODES = ("ngram",)
 MAX_DRAFT = 8  # tokens drafted per step at most
 MAX_NGRAM, MIN_NGRAM = 3, 2  # the suffix looked up: the longest match first; single tokens match too often
+
+
+@dataclass
+class DraftBudget:
+    """How many tokens the next draft may have: two more after a draft kept whole, one fewer after one cut short
+    (between 1 and ``limit``; the schedule of transformers' assisted generation). A rejected draft costs its
+    rows in the verifying forward (a 9-row forward ~2 one-row steps on SmolLM2), so free text, whose chance n-gram
+    matches are mostly rejected, drafts one token at a time, and a copying reply grows back to the full draft."""
+
+    limit: int = MAX_DRAFT
+    size: int = 0  # 0: start at the limit
+
+    def __post_init__(self) -> None:
+        self.size = self.size or self.limit
+
+    def update(self, drafted: int, kept: int) -> None:
+        if drafted:
+            self.size = min(self.limit, self.size + 2) if kept == drafted else max(1, self.size - 1)
 
 
 @dataclass
@@ -112,11 +133,13 @@ def speculative_decode(net, cache, prompt_ids: list[int], num_new: int, stop_ids
     prompt-lookup drafts (module docstring). ``net`` is a FastForward or a plain decoder; ``cache`` is empty and
     holds len(prompt_ids) + num_new positions; ``row`` must not change logits (no bias, penalties or mask)."""
     stats = stats if stats is not None else SpeculativeStats()
+    budget = DraftBudget(max_draft)
     out = verified(_forward_all(net, prompt_ids, cache, 0, device)[-1:], [], row, vocab_limit)
     pos = len(prompt_ids)  # the cache slot of out[-1], not yet fed
     while out[-1] not in stop_ids and len(out) < num_new:
-        draft = ngram_draft(prompt_ids + out, min(max_draft, num_new - len(out) - 1))
+        draft = ngram_draft(prompt_ids + out, min(budget.size, num_new - len(out) - 1))
         picks = verified(_forward_all(net, [out[-1], *draft], cache, pos, device), draft, row, vocab_limit)
+        budget.update(len(draft), len(picks) - 1)
         stats.forwards += 1
         stats.drafted += len(draft)
         for i, token in enumerate(picks):

@@ -38,7 +38,7 @@ import torch
 from meshlm.generate.decode import FastForward, fast_forward
 from meshlm.generate.params import SamplingParams
 from meshlm.generate.rollout import left_pad
-from meshlm.generate.speculative import MAX_DRAFT, check_speculative, ngram_draft, verified
+from meshlm.generate.speculative import DraftBudget, check_speculative, ngram_draft, verified
 from meshlm.generate.sampling import RowSampler, TokenMask, row_seed
 from meshlm.models.llama import KVCache
 from meshlm.serve.multilora import AdapterBank
@@ -69,6 +69,7 @@ class Sequence:
     done: bool = False
     unsent: list[TokenLogprob] = field(default_factory=list)  # log-probs of tokens whose text is not out yet
     sent_tokens: int = 0  # generated tokens whose text has been sent
+    draft: DraftBudget = field(default_factory=DraftBudget)  # speculation: the next draft's length at most
 
     def accept(self, token: int, logprob: TokenLogprob | None = None) -> None:
         """Record a sampled token and send its text; finish on eos, a stop string or the token limit."""
@@ -430,7 +431,7 @@ class BatchEngine:
         if seq.done or seq.sampler.changes_logits or seq.sampling.logprobs is not None:
             return []
         room = min(seq.max_new - len(seq.generated), self._mask.shape[1] - self._cursor) - 1
-        return ngram_draft(seq.prompt + seq.generated, min(MAX_DRAFT, room))
+        return ngram_draft(seq.prompt + seq.generated, min(seq.draft.size, room))
 
     def _speculate(self, seq: Sequence, draft: list[int]) -> None:
         """One forward of the row's last token and ``draft``: the row's pick after each, the draft kept up to its
@@ -449,6 +450,7 @@ class BatchEngine:
         self._stats["batch_rows"] += 1
         self._stats["drafted"] += len(draft)
         self._stats["accepted"] += len(emitted) - 1
+        seq.draft.update(len(draft), len(emitted) - 1)
         fed = 0  # tokens emitted: the row's cache now holds its last token and the first fed - 1 of them
         for token in emitted:
             fed += 1
