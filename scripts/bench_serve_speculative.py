@@ -6,7 +6,8 @@ Two servers on loopback load the same checkpoint (fp32, ``--threads`` each), one
 official openai client sends each chat of scripts/bench_speculative.py (answers that repeat their prompt — a rewrite,
 a correction, code to edit, a quote — and two that do not) to one server and then the other, alternating which goes
 first, ``--repeats`` times; one request at a time, so the speculative server's lone row verifies drafts.
-With ``--llama-server BIN`` llama.cpp's server answers the same chats too (greedy, ``--threads`` threads, one slot),
+With ``--llama-server BIN`` llama.cpp's server answers the same chats too (same temperature and seed; its own
+sampler, so its sampled replies differ; ``--threads`` threads, one slot),
 on the f32 GGUF export of the checkpoint (the same weights) and on each ``--gguf`` file; every server is asked in
 turn, in a rotating order.
 
@@ -58,6 +59,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=None, help="the sampled requests' seed")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.temperature > 0 and args.seed is None:
+        p.error("--temperature above 0 needs --seed: the repeats must give the same reply to be timed together")
 
     from meshlm.serve.registry import Registry
 

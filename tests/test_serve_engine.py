@@ -188,6 +188,73 @@ def test_the_engine_thread_runs_torch_on_its_threads_and_the_caller_keeps_its_ow
         torch.set_num_threads(caller)
 
 
+def test_a_speculating_sampled_row_keeps_its_tokens_when_another_request_joins():
+    """One draw per emitted token: a seeded sampled row that speculates alone, then decodes in plain steps beside a
+    request that joined, gives the plain engine's tokens."""
+    from tests.test_decode import tiny
+    from tests.test_speculative import PROMPTS
+
+    model = tiny(seed=3)
+    engine = BatchEngine(model, DigitTokenizer(), max_batch=4, speculative="ngram")
+    plain = BatchEngine(model, DigitTokenizer(), max_batch=4)
+    sampled = Sampling(temperature=0.2, seed=1)
+    held, release, first = threading.Event(), threading.Event(), []
+    step = engine._step
+
+    def held_step() -> None:  # once the first row has 14 tokens (drafts taken), wait for the second request
+        if first and len(first[0].generated) >= 14 and not release.is_set():
+            held.set()
+            release.wait(60)
+        step()
+
+    engine._step = held_step
+    try:
+        first.append(_collect(engine, PROMPTS[0], 30, sampled)[0])
+        done = threading.Event()
+        first[0].emit = lambda ev, old=first[0].emit: (old(ev), done.set() if isinstance(ev, Finished) else None)
+        assert held.wait(60)
+        drafted = engine.status()["drafted"]
+        other, other_done = _collect(engine, PROMPTS[1], 20, Sampling(temperature=0.0))
+        release.set()
+        ref, ref_done = _collect(plain, PROMPTS[0], 30, sampled)
+        assert done.wait(60) and other_done.wait(60) and ref_done.wait(60)
+        assert drafted > 0 and first[0].generated == ref.generated
+        assert other.generated == generate(model, PROMPTS[1], 20, greedy=True)
+    finally:
+        release.set()
+        engine.close()
+        plain.close()
+
+
+def test_a_failing_verification_fails_its_request_alone(monkeypatch):
+    from meshlm.serve import engine as engine_module
+    from meshlm.serve.protocol import Failed
+    from tests.test_decode import tiny
+    from tests.test_speculative import PROMPTS
+
+    model = tiny(seed=3)
+    engine = BatchEngine(model, DigitTokenizer(), max_batch=4, speculative="ngram")
+    events, done = [], threading.Event()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("verification broke")
+
+    def emit(ev) -> None:
+        events.append(ev)
+        if isinstance(ev, (Finished, Failed)):
+            done.set()
+
+    try:
+        monkeypatch.setattr(engine_module, "verified", broken)
+        engine.submit(PROMPTS[0], 20, Sampling(temperature=0.0), frozenset(), emit)
+        assert done.wait(60) and isinstance(events[-1], Failed)
+        monkeypatch.undo()
+        seq, ok = _collect(engine, PROMPTS[0], 20, Sampling(temperature=0.0))
+        assert ok.wait(60) and seq.generated == generate(model, PROMPTS[0], 20, greedy=True)
+    finally:
+        engine.close()
+
+
 def test_speculative_engine_gives_plain_tokens_with_drafts_taken():
     """``speculative="ngram"``: a lone request verifies prompt-lookup drafts (engine.py ``_draft``): its tokens are
     plain greedy's (or, sampled with a seed, the plain engine's), drafts are accepted on prompts that repeat

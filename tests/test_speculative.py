@@ -1,7 +1,7 @@
 """Prompt-lookup speculative decoding (meshlm/generate/speculative.py): the n-gram draft, and greedy and seeded
 sampled output token-identical to plain decoding on tiny llama and gemma3 models (fast path and plain forward, stop
-ids, the length limit), with drafts actually accepted; the kept draft tokens follow the row's distribution; refusals
-name the argument."""
+ids, the length limit), with drafts actually accepted; the emitted tokens follow the row's distribution; the draft
+length adapts; refusals name the argument."""
 
 from __future__ import annotations
 
@@ -84,18 +84,22 @@ def test_seeded_sampling_is_identical_to_plain_seeded_sampling_with_drafts_kept(
     assert kept > 0  # sampled rows kept drafted tokens
 
 
-def test_a_kept_draft_token_follows_the_rows_distribution():
-    """verified() on a fixed distribution: the first emitted token is distributed as the row's own sampling would
-    give it (drafted token or not), and a kept draft costs exactly one draw per emitted token."""
+def test_verified_tokens_follow_the_rows_distribution():
+    """verified() on fixed distributions: the first emitted token is distributed as the row's own sampling would
+    give it (the drafted token is kept with its probability, 0.3 here), the token after a kept draft follows the
+    next position's distribution, and every emitted token costs exactly one draw."""
     logits = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]]))  # (1 + 1 draft, V = 4)
     row = RowSampler(SamplingParams(temperature=1.0, seed=0), 4)
-    first = torch.zeros(4)
+    first, second = torch.zeros(4), torch.zeros(4)
     n = 20000
     for _ in range(n):
         picks = verified(logits, [3], row, None)
         first[picks[0]] += 1
         assert len(picks) == (2 if picks[0] == 3 else 1)
+        if len(picks) == 2:
+            second[picks[1]] += 1
     assert torch.allclose(first / n, torch.tensor([0.1, 0.4, 0.2, 0.3]), atol=0.015)
+    assert torch.allclose(second / second.sum(), torch.full((4,), 0.25), atol=0.025)
     for seed in range(20):  # one draw per emitted token: the generator then stands where a plain loop's would
         a, b = (RowSampler(SamplingParams(temperature=1.0, seed=seed), 4) for _ in range(2))
         for _ in verified(logits, [3], a, None):

@@ -19,8 +19,9 @@ rejection-sampling rule of speculative decoding: a drafted token is kept with it
 distribution, and a rejected position emits a token drawn from that distribution without the drafted one. A
 sampled row keeps fewer drafts than a greedy one (the higher the temperature, the fewer).
 
-A draft is at most :class:`DraftBudget` tokens long: the full 8 while drafts are kept whole, one fewer after each
-draft cut short, so a reply whose chance matches are rejected verifies one drafted token a step, not eight.
+A draft is at most :class:`DraftBudget` tokens long: 8 at first, one fewer after each draft cut short and two more
+after one kept whole, so a reply whose chance matches are rejected verifies one drafted token a step, not eight,
+and a reply that copies grows back to 8.
 
 The KV cache needs no rollback: slots written for rejected drafts lie beyond the accepted positions and are
 overwritten by the next forward, which only ever reads positions before its own.
@@ -72,7 +73,7 @@ class DraftBudget:
 class SpeculativeStats:
     forwards: int = 0  # model forwards after the prefill
     drafted: int = 0  # tokens proposed
-    accepted: int = 0  # of them, kept (equal to the row's pick)
+    accepted: int = 0  # of them, emitted (equal to the row's pick)
 
 
 def ngram_draft(ids: list[int], max_draft: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM
@@ -132,6 +133,9 @@ def speculative_decode(net, cache, prompt_ids: list[int], num_new: int, stop_ids
     """``row``'s continuation of ``prompt_ids`` (at most ``num_new`` tokens, ending after a stop id) with
     prompt-lookup drafts (module docstring). ``net`` is a FastForward or a plain decoder; ``cache`` is empty and
     holds len(prompt_ids) + num_new positions; ``row`` must not change logits (no bias, penalties or mask)."""
+    if row.changes_logits:  # its logits would change with each emitted token: verified() picks from fixed ones
+        raise ConfigError("speculative decoding verifies the model's own choices: drop logit_bias, the penalties and "
+                          "constraints, or drop speculative")
     stats = stats if stats is not None else SpeculativeStats()
     budget = DraftBudget(max_draft)
     out = verified(_forward_all(net, prompt_ids, cache, 0, device)[-1:], [], row, vocab_limit)
@@ -145,7 +149,7 @@ def speculative_decode(net, cache, prompt_ids: list[int], num_new: int, stop_ids
         for i, token in enumerate(picks):
             out.append(token)
             pos += 1
+            stats.accepted += i < len(picks) - 1  # an emitted draft token (the last pick is the row's own)
             if token in stop_ids or len(out) == num_new:
                 break
-            stats.accepted += i < len(picks) - 1  # a kept draft token (the last pick is the row's own)
     return out

@@ -105,6 +105,8 @@ WARN_REFERRAL_PLACES = ("last", "first")
 def warn_answer(rng: random.Random, category: str, info: str, referral: str = "last") -> str:
     """A warn answer of ``category``: ``info``, a caution and a referral (``referral = "last"``), or the referral
     first, then ``info`` and the caution (``"first"``: a reply cut short by a token budget still refers)."""
+    if referral not in WARN_REFERRAL_PLACES:
+        raise ValueError(f"referral = {referral!r}: must be one of {WARN_REFERRAL_PLACES}")
     caution, where = _caution_and_referral(rng, category)
     if referral == "first":
         return f"{where} {info} {caution}"

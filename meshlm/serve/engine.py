@@ -441,19 +441,20 @@ class BatchEngine:
         cur = self._cursor
         tokens = torch.tensor([[int(self._last[0]), *draft]], dtype=torch.long, device=self.device)  # (1, 1 + k)
         logits = self._fast(tokens, cache=self._cache, start_pos=cur, all_positions=True)  # (1, 1 + k, V)
+        vocab = self.tokenizer.vocab_size  # sliced as pick_tokens does, so both paths sample the same operands
         try:
-            emitted = verified(logits[0], draft, seq.sampler, self.tokenizer.vocab_size)
+            emitted = verified(logits[0, :, :vocab], draft, seq.sampler, None)
         except Exception as exc:  # the row's sampling broke: it fails alone, as in _accept
             self._fail_rows([seq], exc)
             return self._retire()
         self._stats["decode_steps"] += 1
         self._stats["batch_rows"] += 1
         self._stats["drafted"] += len(draft)
-        self._stats["accepted"] += len(emitted) - 1
         seq.draft.update(len(draft), len(emitted) - 1)
         fed = 0  # tokens emitted: the row's cache now holds its last token and the first fed - 1 of them
-        for token in emitted:
+        for i, token in enumerate(emitted):
             fed += 1
+            self._stats["accepted"] += i < len(emitted) - 1  # an emitted draft token (the last pick is the row's own)
             self._last[0] = token
             self._stats["tokens"] += 1
             try:
